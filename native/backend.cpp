@@ -1,0 +1,169 @@
+#include "backend.h"
+
+#include <algorithm>
+#include <cctype>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "ggml.h"
+#include "log.h"
+
+namespace aural {
+
+namespace {
+
+std::string lower(std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+    return s;
+}
+
+const char * type_name(enum ggml_backend_dev_type type) {
+    switch (type) {
+        case GGML_BACKEND_DEVICE_TYPE_CPU: return "cpu";
+        case GGML_BACKEND_DEVICE_TYPE_GPU: return "gpu";
+        case GGML_BACKEND_DEVICE_TYPE_IGPU: return "igpu";
+        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
+        default: return "other";
+    }
+}
+
+ggml_backend_dev_t first_of_type(enum ggml_backend_dev_type type) {
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(dev) == type) {
+            return dev;
+        }
+    }
+    return nullptr;
+}
+
+std::string available_names() {
+    std::string names;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        names += (i ? ", " : "");
+        names += ggml_backend_dev_name(ggml_backend_dev_get(i));
+    }
+    return names;
+}
+
+}  // namespace
+
+void ensure_backends_loaded() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        install_ggml_log_sink();
+        ggml_backend_load_all();  // dynamic backends (GGML_BACKEND_DL); linked ones are already registered
+    });
+}
+
+device_info describe_device(ggml_backend_dev_t dev) {
+    device_info info;
+    info.name = ggml_backend_dev_name(dev);
+    info.description = ggml_backend_dev_description(dev);
+    info.backend = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
+    info.type = type_name(ggml_backend_dev_type(dev));
+    ggml_backend_dev_memory(dev, &info.memory_free, &info.memory_total);
+    return info;
+}
+
+std::vector<device_info> list_devices() {
+    ensure_backends_loaded();
+    std::vector<device_info> out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        out.push_back(describe_device(ggml_backend_dev_get(i)));
+    }
+    return out;
+}
+
+ggml_backend_dev_t select_device(const std::string & want) {
+    ensure_backends_loaded();
+    const std::string w = lower(want.empty() ? "auto" : want);
+    if (w == "auto") {
+        for (auto type : {GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU, GGML_BACKEND_DEVICE_TYPE_ACCEL}) {
+            if (ggml_backend_dev_t dev = first_of_type(type)) {
+                AURAL_LOG_INFO("auto: using %s device %s (%s)", type_name(type), ggml_backend_dev_name(dev),
+                               ggml_backend_dev_description(dev));
+                return dev;
+            }
+        }
+        ggml_backend_dev_t cpu = first_of_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+        if (!cpu) {
+            throw std::runtime_error("no ggml device found, not even the CPU");
+        }
+        AURAL_LOG_INFO("auto: no GPU or accelerator found, using the CPU");
+        return cpu;
+    }
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        const std::string reg = lower(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)));
+        if (lower(ggml_backend_dev_name(dev)) == w || reg == w) {
+            AURAL_LOG_INFO("requested '%s': using device %s (%s)", want.c_str(), ggml_backend_dev_name(dev),
+                           ggml_backend_dev_description(dev));
+            return dev;
+        }
+    }
+    throw std::invalid_argument("no backend or device named '" + want + "'; available: " + available_names());
+}
+
+std::vector<std::string> supported_weight_types(ggml_backend_dev_t dev) {
+    // Probe a [256 x 32] weight times [256 x 8] activations, the shape class of Whisper's projections.
+    static const std::pair<const char *, ggml_type> candidates[] = {
+        {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16}, {"q8_0", GGML_TYPE_Q8_0},
+        {"q5_0", GGML_TYPE_Q5_0}, {"q4_0", GGML_TYPE_Q4_0},
+    };
+    ggml_init_params params = {/*.mem_size =*/ 16 * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
+                               /*.no_alloc =*/ true};
+    std::vector<std::string> out;
+    for (const auto & [name, type] : candidates) {
+        ggml_context * ctx = ggml_init(params);
+        ggml_tensor * w = ggml_new_tensor_2d(ctx, type, 256, 32);
+        ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 8);
+        ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+        if (ggml_backend_dev_supports_op(dev, y)) {
+            out.emplace_back(name);
+        }
+        ggml_free(ctx);
+    }
+    return out;
+}
+
+std::map<std::string, std::string> cpu_features() {
+    ensure_backends_loaded();
+    std::map<std::string, std::string> out;
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
+    if (!reg) {
+        return out;
+    }
+    using get_features_t = ggml_backend_feature * (*)(ggml_backend_reg_t);
+    auto get_features = reinterpret_cast<get_features_t>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"));
+    if (!get_features) {
+        return out;
+    }
+    for (ggml_backend_feature * f = get_features(reg); f && f->name; ++f) {
+        out[f->name] = f->value;
+    }
+    return out;
+}
+
+int default_threads() {
+    // Whisper's matrix products saturate physical cores; SMT siblings add little (ref: whisper.cpp
+    // cli default min(4, hardware_concurrency)). Use every logical core up to 8.
+    const unsigned hc = std::thread::hardware_concurrency();
+    return static_cast<int>(std::clamp(hc == 0 ? 4u : hc, 1u, 8u));
+}
+
+void set_backend_threads(ggml_backend_t backend, int n_threads) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+    if (!reg) {
+        return;
+    }
+    using set_threads_t = void (*)(ggml_backend_t, int);
+    auto fn = reinterpret_cast<set_threads_t>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads"));
+    if (fn) {
+        fn(backend, n_threads);
+    }
+}
+
+}  // namespace aural

@@ -1,0 +1,51 @@
+// Backends and devices: what ggml offers here, and the one policy that picks where the model runs.
+//
+//   auto devs = aural::list_devices();                  // every device of every registered backend
+//   ggml_backend_dev_t dev = aural::select_device("auto"); // best GPU, else an iGPU/accelerator, else CPU
+//   auto types = aural::supported_weight_types(dev);    // {"f32","f16","q8_0",...}
+//
+// Thread-safety: all functions are safe to call from any thread after ggml's registry is loaded.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ggml-backend.h"
+
+namespace aural {
+
+struct device_info {
+    std::string name;         // ggml device name, e.g. "CPU", "CUDA0", "Vulkan0"
+    std::string description;  // human-readable, e.g. the GPU model
+    std::string backend;      // the backend registry that owns it, e.g. "CPU", "CUDA"
+    std::string type;         // "cpu" | "gpu" | "igpu" | "accel"
+    size_t memory_free = 0;   // bytes
+    size_t memory_total = 0;  // bytes
+};
+
+// Loads dynamically built backends (GGML_BACKEND_DL builds) once; a no-op for linked-in backends.
+void ensure_backends_loaded();
+
+std::vector<device_info> list_devices();
+device_info describe_device(ggml_backend_dev_t dev);
+
+// The backend policy, in one place, with each decision logged (ref: whisper.cpp whisper_backend_init):
+// "auto" -> the first discrete GPU, then an integrated GPU, then an accelerator, CPU last.
+// Otherwise `want` names a device ("CUDA0") or a backend ("cuda", "vulkan", "cpu"), case-insensitive.
+// Throws std::invalid_argument naming the available devices when `want` matches none.
+ggml_backend_dev_t select_device(const std::string & want);
+
+// Weight types whose matrix product the device runs natively (probed with ggml_backend_dev_supports_op).
+std::vector<std::string> supported_weight_types(ggml_backend_dev_t dev);
+
+// CPU features ggml was built for and detected (SSE3, AVX2, F16C, NEON ...), name -> value.
+std::map<std::string, std::string> cpu_features();
+
+// Threads a CPU backend uses when the caller passes 0: the physical-core estimate of ggml's own examples.
+int default_threads();
+
+// Sets the thread count of a backend that has one (CPU, BLAS); other backends ignore it.
+void set_backend_threads(ggml_backend_t backend, int n_threads);
+
+}  // namespace aural

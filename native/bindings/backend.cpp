@@ -1,0 +1,79 @@
+// Devices, the backend policy, CPU features and ggml's quantiser.
+#include "backend.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+
+#include "bindings.h"
+#include "ggml.h"
+
+namespace py = pybind11;
+
+namespace aural::bindings {
+
+namespace {
+
+py::dict device_dict(const device_info & d) {
+    py::dict out;
+    out["name"] = d.name;
+    out["description"] = d.description;
+    out["backend"] = d.backend;
+    out["type"] = d.type;
+    out["memory_free"] = d.memory_free;
+    out["memory_total"] = d.memory_total;
+    return out;
+}
+
+ggml_type quant_type(const std::string & name) {
+    if (name == "q8_0") return GGML_TYPE_Q8_0;
+    if (name == "q5_0") return GGML_TYPE_Q5_0;
+    if (name == "q4_0") return GGML_TYPE_Q4_0;
+    throw std::invalid_argument("quantisation type must be one of q8_0, q5_0, q4_0, not '" + name + "'");
+}
+
+// ggml's own quantiser, so converted files match what the kernels expect bit for bit.
+py::array_t<uint8_t> quantize(py::array_t<float, py::array::c_style | py::array::forcecast> data,
+                              const std::string & type_name) {
+    if (data.ndim() != 2) {
+        throw std::invalid_argument("quantize takes a 2-D float32 array (rows, cols)");
+    }
+    const ggml_type type = quant_type(type_name);
+    const int64_t rows = data.shape(0), cols = data.shape(1);
+    if (cols % ggml_blck_size(type) != 0) {
+        throw std::invalid_argument("row length " + std::to_string(cols) + " is not a multiple of the block size " +
+                                    std::to_string(ggml_blck_size(type)));
+    }
+    const size_t row_bytes = ggml_row_size(type, cols);
+    py::array_t<uint8_t> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(row_bytes)});
+    const float * src = data.data();
+    uint8_t * dst = out.mutable_data();
+    {
+        py::gil_scoped_release release;
+        ggml_quantize_chunk(type, src, dst, 0, rows, cols, nullptr);
+    }
+    return out;
+}
+
+}  // namespace
+
+void register_backend(py::module_ & m) {
+    m.def("devices", [] {
+        py::list out;
+        for (const auto & d : list_devices()) out.append(device_dict(d));
+        return out;
+    }, "Every device of every registered ggml backend: name, description, backend, type, memory.");
+    m.def("select_device", [](const std::string & want) {
+        return std::string(ggml_backend_dev_name(select_device(want)));
+    }, py::arg("want") = "auto", "The device the backend policy picks for `want` (logged).");
+    m.def("supported_weight_types", [](const std::string & device) {
+        return supported_weight_types(select_device(device));
+    }, py::arg("device"), "Weight types whose matrix product `device` runs natively.");
+    m.def("cpu_features", &cpu_features, "CPU features of ggml's CPU backend, name -> value.");
+    m.def("default_threads", &default_threads, "CPU threads used when 0 is passed.");
+    m.def("quantize", &quantize, py::arg("data"), py::arg("type"),
+          "Quantise a (rows, cols) float32 array with ggml; returns (rows, row_bytes) uint8.");
+}
+
+}  // namespace aural::bindings

@@ -1,0 +1,12 @@
+// Registration functions of the `aural._native` module, one per wrapped class or group.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace aural::bindings {
+
+void register_backend(pybind11::module_ & m);  // devices, backend policy, CPU features, quantisation
+void register_model(pybind11::module_ & m);
+void register_context(pybind11::module_ & m);
+
+}  // namespace aural::bindings

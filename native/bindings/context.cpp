@@ -1,0 +1,146 @@
+// aural._native.Context: one decoding session (KV arena, graphs, timings) on a Model.
+#include "context.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <set>
+#include <stdexcept>
+
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace aural::bindings {
+
+namespace {
+
+using float_array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using int_array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+std::unique_ptr<context> make_context(const model & m, const std::string & kv_mode, bool graph_reuse, int n_threads) {
+    context_params p;
+    p.mode = parse_kv_mode(kv_mode);
+    p.graph_reuse = graph_reuse;
+    p.n_threads = n_threads;
+    py::gil_scoped_release release;
+    return std::make_unique<context>(m, p);
+}
+
+void encode(context & self, const float_array & mel) {
+    const hparams & hp = self.mdl.hp;
+    if (mel.ndim() != 2 || mel.shape(0) != hp.n_mels || mel.shape(1) != hp.n_mel_frames()) {
+        throw std::invalid_argument("mel must be float32 of shape (" + std::to_string(hp.n_mels) + ", " +
+                                    std::to_string(hp.n_mel_frames()) + ")");
+    }
+    const float * data = mel.data();
+    py::gil_scoped_release release;
+    self.encode(data);
+}
+
+py::array_t<float> decode(context & self, const int_array & tokens, uint32_t n_past,
+                          const std::optional<std::vector<int32_t>> & outputs) {
+    if (tokens.ndim() != 1 || tokens.shape(0) == 0) {
+        throw std::invalid_argument("tokens must be a non-empty 1-D int32 array");
+    }
+    decode_batch batch;
+    batch.tokens = tokens.data();
+    batch.n_tokens = static_cast<uint32_t>(tokens.shape(0));
+    batch.n_past = n_past;
+    batch.outputs = outputs.value_or(std::vector<int32_t>{static_cast<int32_t>(batch.n_tokens) - 1});
+    for (int32_t & o : batch.outputs) {
+        o = o < 0 ? o + static_cast<int32_t>(batch.n_tokens) : o;  // Python-style negative indices
+    }
+    py::array_t<float> logits({static_cast<py::ssize_t>(batch.outputs.size()),
+                               static_cast<py::ssize_t>(self.mdl.hp.n_vocab)});
+    float * out = logits.mutable_data();
+    {
+        py::gil_scoped_release release;
+        self.decode(batch, out);
+    }
+    return logits;
+}
+
+py::dict step_dict(const step_timings & t) {
+    py::dict d;
+    d["compute_ms"] = t.compute_ms;
+    d["kv_io_ms"] = t.kv_io_ms;
+    d["kv_io_bytes"] = t.kv_io_bytes;
+    d["logits_ms"] = t.logits_ms;
+    d["build_ms"] = t.build_ms;
+    d["n_tokens"] = t.n_tokens;
+    d["reused"] = t.reused;
+    return d;
+}
+
+py::dict encode_dict(const encode_timings & t) {
+    py::dict d;
+    d["encoder_ms"] = t.encoder_ms;
+    d["kv_io_ms"] = t.kv_io_ms;
+    d["kv_io_bytes"] = t.kv_io_bytes;
+    return d;
+}
+
+py::dict stats_dict(const context & self) {
+    const context_stats & s = self.stats;
+    py::dict d;
+    d["graph_builds"] = s.graph_builds;
+    d["graph_reuses"] = s.graph_reuses;
+    d["decode_calls"] = s.decode_calls;
+    d["tokens_decoded"] = s.tokens_decoded;
+    d["encode_calls"] = s.encode_calls;
+    d["encoder_ms_total"] = s.encoder_ms_total;
+    d["compute_ms_total"] = s.compute_ms_total;
+    d["kv_io_ms_total"] = s.kv_io_ms_total;
+    d["kv_io_bytes_total"] = s.kv_io_bytes_total;
+    d["logits_ms_total"] = s.logits_ms_total;
+    d["kv_capacity_tokens"] = self.mdl.hp.n_text_ctx;
+    d["kv_cells"] = self.kv().n_ctx();
+    d["kv_used_tokens"] = self.kv().used();
+    d["kv_bytes"] = self.kv().self_bytes();
+    d["cross_kv_bytes"] = self.kv().cross_bytes();
+    d["compute_buffer_bytes"] = self.compute_buffer_bytes();
+    return d;
+}
+
+py::dict report_dict(const backend_report & r) {
+    py::dict d;
+    d["primary"] = r.primary;
+    d["nodes_per_backend"] = r.nodes_per_backend;
+    d["fallback_ops"] = r.fallback_ops;
+    d["n_splits"] = r.n_splits;
+    return d;
+}
+
+}  // namespace
+
+void register_context(py::module_ & m) {
+    py::class_<context>(m, "Context", "One transcription session: KV arena on the device, graphs, timings.")
+        .def(py::init(&make_context), py::arg("model"), py::kw_only(), py::arg("kv_mode") = "device",
+             py::arg("graph_reuse") = true, py::arg("n_threads") = 0, py::keep_alive<1, 2>(),
+             "kv_mode 'device' keeps the KV history on the device; 'host' is the round-trip baseline.")
+        .def("encode", &encode, py::arg("mel"),
+             "Encode one 30 s window: mel float32 (n_mels, 3000); computes the cross K/V on the device.")
+        .def("decode", &decode, py::arg("tokens"), py::arg("n_past"), py::arg("outputs") = py::none(),
+             "Append int32 `tokens` at position n_past; returns float32 logits (len(outputs), n_vocab), "
+             "by default for the last token only.")
+        .def("clear_kv", &context::clear_kv, "Zero the KV arena and forget every position.")
+        .def_property_readonly("kv_mode", [](const context & self) { return std::string(kv_mode_name(self.params.mode)); })
+        .def_property_readonly("graph_reuse", [](const context & self) { return self.params.graph_reuse; })
+        .def_property_readonly("last_timings", [](const context & self) { return step_dict(self.last_step); })
+        .def_property_readonly("last_encode", [](const context & self) { return encode_dict(self.last_encode); })
+        .def_property_readonly("stats", &stats_dict)
+        .def_property_readonly("backend_report", [](const context & self) {
+            py::dict d;
+            d["encoder"] = report_dict(self.encoder_report);
+            d["decoder"] = report_dict(self.decoder_report);
+            d["primary"] = self.encoder_report.primary;
+            std::set<std::string> ops(self.encoder_report.fallback_ops.begin(), self.encoder_report.fallback_ops.end());
+            ops.insert(self.decoder_report.fallback_ops.begin(), self.decoder_report.fallback_ops.end());
+            d["fallback_ops"] = std::vector<std::string>(ops.begin(), ops.end());
+            return d;
+        });
+}
+
+}  // namespace aural::bindings

@@ -1,0 +1,59 @@
+// aural._native.Model: Whisper weights on one device.
+#include "model.h"
+
+#include <pybind11/stl.h>
+
+#include "backend.h"
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace aural::bindings {
+
+namespace {
+
+py::dict hparams_dict(const hparams & hp) {
+    py::dict d;
+    d["n_vocab"] = hp.n_vocab;
+    d["n_audio_ctx"] = hp.n_audio_ctx;
+    d["n_audio_state"] = hp.n_audio_state;
+    d["n_audio_head"] = hp.n_audio_head;
+    d["n_audio_layer"] = hp.n_audio_layer;
+    d["n_text_ctx"] = hp.n_text_ctx;
+    d["n_text_state"] = hp.n_text_state;
+    d["n_text_head"] = hp.n_text_head;
+    d["n_text_layer"] = hp.n_text_layer;
+    d["n_mels"] = hp.n_mels;
+    return d;
+}
+
+}  // namespace
+
+void register_model(py::module_ & m) {
+    py::class_<model>(m, "Model", "Whisper weights loaded from a GGUF file onto one device (read-only, shareable).")
+        .def(py::init([](const std::string & path, const std::string & device, int n_threads) {
+                 py::gil_scoped_release release;
+                 return model::load(path, device, n_threads);
+             }),
+             py::arg("path"), py::kw_only(), py::arg("device") = "auto", py::arg("n_threads") = 0,
+             "Load `path`; `device` is 'auto' or a device/backend name; n_threads 0 = default.")
+        .def_property_readonly("hparams", [](const model & self) { return hparams_dict(self.hp); })
+        .def_property_readonly("device", [](const model & self) { return std::string(ggml_backend_dev_name(self.dev)); })
+        .def_property_readonly("backend", [](const model & self) {
+            return std::string(ggml_backend_reg_name(ggml_backend_dev_backend_reg(self.dev)));
+        })
+        .def_property_readonly("device_info", [](const model & self) {
+            const device_info d = describe_device(self.dev);
+            py::dict out;
+            out["name"] = d.name;
+            out["description"] = d.description;
+            out["backend"] = d.backend;
+            out["type"] = d.type;
+            return out;
+        })
+        .def_property_readonly("n_threads", [](const model & self) { return self.n_threads; })
+        .def_property_readonly("weights_bytes", [](const model & self) { return self.weights_bytes; })
+        .def_property_readonly("path", [](const model & self) { return self.path; });
+}
+
+}  // namespace aural::bindings

@@ -1,0 +1,234 @@
+#include "context.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <set>
+#include <stdexcept>
+
+#include "backend.h"
+#include "log.h"
+
+namespace aural {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point t0) {
+    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+// The arena spans the decoder's 448 positions, padded to 512 so GPU flash-attention kernels get
+// whole 256-row KV tiles (ref: ggml-cuda fattn.cu FATTN_KQ_STRIDE).
+uint32_t arena_cells(const hparams & hp) { return GGML_PAD(hp.n_text_ctx, 256); }
+
+bool env_flag(const char * name) {
+    const char * v = std::getenv(name);
+    return v && *v && std::string(v) != "0";
+}
+
+}  // namespace
+
+const char * kv_mode_name(kv_mode mode) { return mode == kv_mode::device ? "device" : "host"; }
+
+kv_mode parse_kv_mode(const std::string & name) {
+    if (name == "device") return kv_mode::device;
+    if (name == "host") return kv_mode::host;
+    throw std::invalid_argument("kv_mode must be 'device' or 'host', not '" + name + "'");
+}
+
+context::context(const model & m, const context_params & p) : mdl(m), params(p) {
+    reuse_enabled_ = p.graph_reuse && !env_flag("AURAL_NO_GRAPH_REUSE");
+    primary_ = ggml_backend_dev_init(m.dev, nullptr);
+    if (!primary_) {
+        throw std::runtime_error(std::string("cannot initialise backend ") + ggml_backend_dev_name(m.dev));
+    }
+    const int n_threads = p.n_threads > 0 ? p.n_threads : m.n_threads;
+    set_backend_threads(primary_, n_threads);
+    if (ggml_backend_dev_type(m.dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+        cpu_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+        if (!cpu_) {
+            throw std::runtime_error("cannot initialise the CPU backend");
+        }
+        set_backend_threads(cpu_, n_threads);
+    }
+    kv_ = std::make_unique<kv_cache>(m.dev, m.hp, arena_cells(m.hp), GGML_TYPE_F16);
+    if (p.mode == kv_mode::host) {
+        kv_->enable_host_mirror();
+    }
+    sched_enc_ = make_sched();
+    sched_dec_ = make_sched();
+    reserve_worst_case();
+}
+
+context::~context() {
+    dec_graph_.reset();
+    enc_graph_.reset();
+    if (sched_dec_) ggml_backend_sched_free(sched_dec_);
+    if (sched_enc_) ggml_backend_sched_free(sched_enc_);
+    kv_.reset();
+    if (cpu_) ggml_backend_free(cpu_);
+    if (primary_) ggml_backend_free(primary_);
+}
+
+ggml_backend_sched_t context::make_sched() {
+    // The CPU comes last: ops the primary device lacks fall back to it through the scheduler.
+    std::vector<ggml_backend_t> backends = {primary_};
+    if (cpu_) {
+        backends.push_back(cpu_);
+    }
+    ggml_backend_sched_t s = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
+                                                    max_graph_nodes, /*parallel=*/false, /*op_offload=*/true);
+    if (!s) {
+        throw std::runtime_error("cannot create the ggml scheduler");
+    }
+    return s;
+}
+
+void context::reserve_worst_case() {
+    // Allocation failures belong at load time, with a message, not in the middle of a stream
+    // (ref: whisper.cpp whisper_sched_graph_init, llama.cpp "reserve worst-case graphs").
+    enc_graph_ = build_encoder(mdl, *kv_);
+    if (!ggml_backend_sched_alloc_graph(sched_enc_, enc_graph_->gf)) {
+        throw std::runtime_error("cannot allocate the encoder's compute buffer (out of device memory?)");
+    }
+    encoder_report = report(sched_enc_, enc_graph_->gf);
+
+    const decode_params worst{mdl.hp.n_text_ctx, max_outputs};
+    auto g = build_decoder(mdl, *kv_, worst);
+    if (!ggml_backend_sched_reserve(sched_dec_, g->gf)) {
+        throw std::runtime_error("cannot reserve the decoder's compute buffer (out of device memory?)");
+    }
+    AURAL_LOG_INFO("compute buffers reserved: %.2f MiB", compute_buffer_bytes() / 1048576.0);
+    if (!encoder_report.fallback_ops.empty()) {
+        AURAL_LOG_WARN("encoder: %zu op kinds fall back from %s to the CPU", encoder_report.fallback_ops.size(),
+                       encoder_report.primary.c_str());
+    }
+}
+
+size_t context::compute_buffer_bytes() const {
+    size_t n = 0;
+    for (ggml_backend_sched_t s : {sched_enc_, sched_dec_}) {
+        for (int i = 0; i < ggml_backend_sched_get_n_backends(s); ++i) {
+            n += ggml_backend_sched_get_buffer_size(s, ggml_backend_sched_get_backend(s, i));
+        }
+    }
+    return n;
+}
+
+backend_report context::report(ggml_backend_sched_t sched, ggml_cgraph * gf) const {
+    backend_report r;
+    r.primary = ggml_backend_name(primary_);
+    r.n_splits = ggml_backend_sched_get_n_splits(sched);
+    std::set<std::string> fallback;
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        ggml_tensor * node = ggml_graph_node(gf, i);
+        if (ggml_is_empty(node) || node->op == GGML_OP_NONE || node->op == GGML_OP_VIEW ||
+            node->op == GGML_OP_RESHAPE || node->op == GGML_OP_PERMUTE || node->op == GGML_OP_TRANSPOSE) {
+            continue;
+        }
+        ggml_backend_t b = ggml_backend_sched_get_tensor_backend(sched, node);
+        const std::string name = b ? ggml_backend_name(b) : "?";
+        r.nodes_per_backend[name]++;
+        if (b && b != primary_) {
+            fallback.insert(ggml_op_desc(node));
+        }
+    }
+    r.fallback_ops.assign(fallback.begin(), fallback.end());
+    return r;
+}
+
+void context::compute(ggml_backend_sched_t sched, ggml_cgraph * gf) {
+    const ggml_status st = ggml_backend_sched_graph_compute(sched, gf);
+    if (st != GGML_STATUS_SUCCESS) {
+        throw std::runtime_error(std::string("graph compute failed: ") + ggml_status_to_string(st));
+    }
+}
+
+void context::encode(const float * mel) {
+    const auto t0 = clock_type::now();
+    ggml_backend_tensor_set(enc_graph_->mel, mel, 0, ggml_nbytes(enc_graph_->mel));
+    compute(sched_enc_, enc_graph_->gf);
+    last_encode = encode_timings{};
+    last_encode.encoder_ms = ms_since(t0);
+    if (params.mode == kv_mode::host) {
+        const auto t1 = clock_type::now();
+        last_encode.kv_io_bytes = kv_->host_download_cross();
+        last_encode.kv_io_ms = ms_since(t1);
+    }
+    stats.encode_calls++;
+    stats.encoder_ms_total += last_encode.encoder_ms;
+}
+
+void context::decode(const decode_batch & batch, float * logits) {
+    if (batch.n_tokens == 0 || batch.tokens == nullptr) {
+        throw std::invalid_argument("decode needs at least one token");
+    }
+    if (batch.outputs.empty() || batch.outputs.size() > max_outputs) {
+        throw std::invalid_argument("decode returns between 1 and " + std::to_string(max_outputs) + " logits rows");
+    }
+    for (int32_t o : batch.outputs) {
+        if (o < 0 || static_cast<uint32_t>(o) >= batch.n_tokens) {
+            throw std::invalid_argument("output index " + std::to_string(o) + " is outside the batch");
+        }
+    }
+    for (uint32_t i = 0; i < batch.n_tokens; ++i) {
+        if (batch.tokens[i] < 0 || static_cast<uint32_t>(batch.tokens[i]) >= mdl.hp.n_vocab) {
+            throw std::invalid_argument("token id " + std::to_string(batch.tokens[i]) + " is outside the vocabulary");
+        }
+    }
+    if (batch.n_past + batch.n_tokens > mdl.hp.n_text_ctx) {
+        throw std::length_error("decoder context full: " + std::to_string(batch.n_past + batch.n_tokens) +
+                                " positions exceed the model's " + std::to_string(mdl.hp.n_text_ctx));
+    }
+    kv_->apply(batch.n_past, batch.n_tokens);
+
+    step_timings t;
+    t.n_tokens = batch.n_tokens;
+    const decode_params p{batch.n_tokens, static_cast<uint32_t>(batch.outputs.size())};
+    auto t0 = clock_type::now();
+    if (reuse_enabled_ && dec_graph_ && dec_graph_->can_reuse(p)) {
+        t.reused = true;
+        stats.graph_reuses++;
+    } else {
+        dec_graph_.reset();
+        ggml_backend_sched_reset(sched_dec_);
+        dec_graph_ = build_decoder(mdl, *kv_, p);
+        if (!ggml_backend_sched_alloc_graph(sched_dec_, dec_graph_->gf)) {
+            throw std::runtime_error("cannot allocate the decoder graph");
+        }
+        decoder_report = report(sched_dec_, dec_graph_->gf);
+        stats.graph_builds++;
+    }
+    dec_graph_->set_inputs(batch);
+    t.build_ms = ms_since(t0);
+
+    if (params.mode == kv_mode::host) {
+        t0 = clock_type::now();
+        t.kv_io_bytes += kv_->host_upload_self(batch.n_past) + kv_->host_upload_cross();
+        t.kv_io_ms += ms_since(t0);
+    }
+    t0 = clock_type::now();
+    compute(sched_dec_, dec_graph_->gf);
+    t.compute_ms = ms_since(t0);
+    if (params.mode == kv_mode::host) {
+        t0 = clock_type::now();
+        t.kv_io_bytes += kv_->host_download_self(batch.n_past, batch.n_tokens);
+        t.kv_io_ms += ms_since(t0);
+    }
+    t0 = clock_type::now();
+    ggml_backend_tensor_get(dec_graph_->logits, logits, 0, ggml_nbytes(dec_graph_->logits));
+    t.logits_ms = ms_since(t0);
+
+    last_step = t;
+    stats.decode_calls++;
+    stats.tokens_decoded += batch.n_tokens;
+    stats.compute_ms_total += t.compute_ms;
+    stats.kv_io_ms_total += t.kv_io_ms;
+    stats.kv_io_bytes_total += t.kv_io_bytes;
+    stats.logits_ms_total += t.logits_ms;
+}
+
+void context::clear_kv() { kv_->clear(); }
+
+}  // namespace aural

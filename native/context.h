@@ -1,0 +1,106 @@
+// One transcription session on a loaded model: backends, schedulers, the KV arena, graphs, timings.
+//
+//   aural::context ctx(*model, {/*kv_mode=*/kv_mode::device, /*graph_reuse=*/true, /*n_threads=*/0});
+//   ctx.encode(mel.data());                                 // [n_mels, 3000] row-major, one 30 s window
+//   ctx.decode(batch, logits.data());                       // logits [n_outputs, n_vocab]
+//   ctx.last_step.kv_io_bytes;                              // 0 in device mode
+//
+// Thread-safety: one context per thread; the model it uses may be shared by several contexts.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "graph.h"
+#include "kv-cache.h"
+#include "model.h"
+
+namespace aural {
+
+enum class kv_mode {
+    device,  // the KV history stays in the backend's memory; each step writes only its new rows
+    host,    // baseline: history on the host, uploaded before and read back after every step
+};
+
+struct context_params {
+    kv_mode mode = kv_mode::device;
+    bool graph_reuse = true;  // env: AURAL_NO_GRAPH_REUSE=1 turns it off as well (debugging)
+    int n_threads = 0;        // CPU threads; 0 = the model's default
+};
+
+// Timings of one decoder step (milliseconds, bytes).
+struct step_timings {
+    double compute_ms = 0;    // graph compute, synchronised
+    double kv_io_ms = 0;      // host<->device KV traffic (host mode only)
+    size_t kv_io_bytes = 0;
+    double logits_ms = 0;     // reading the logits back
+    double build_ms = 0;      // building + allocating a graph (0 when reused)
+    uint32_t n_tokens = 0;
+    bool reused = false;
+};
+
+struct encode_timings {
+    double encoder_ms = 0;
+    double kv_io_ms = 0;      // host mode: reading the cross K/V back to the host
+    size_t kv_io_bytes = 0;
+};
+
+struct context_stats {
+    uint64_t graph_builds = 0, graph_reuses = 0, decode_calls = 0, tokens_decoded = 0, encode_calls = 0;
+    double encoder_ms_total = 0, compute_ms_total = 0, kv_io_ms_total = 0, logits_ms_total = 0;
+    uint64_t kv_io_bytes_total = 0;
+};
+
+// Where the nodes of a graph really run: fallbacks to the CPU are reported, never silent.
+struct backend_report {
+    std::string primary;
+    std::map<std::string, int> nodes_per_backend;
+    std::vector<std::string> fallback_ops;  // distinct ops that left the primary backend
+    int n_splits = 0;
+};
+
+class context {
+  public:
+    context(const model & m, const context_params & params);
+    ~context();
+    context(const context &) = delete;
+    context & operator=(const context &) = delete;
+
+    // mel: [n_mels, 2 * n_audio_ctx] row-major floats (one 30 s window of log-mel features).
+    void encode(const float * mel);
+    // Appends batch.tokens at n_past.. and writes logits [outputs.size(), n_vocab] to `logits`.
+    void decode(const decode_batch & batch, float * logits);
+    void clear_kv();
+
+    const model & mdl;
+    const context_params params;
+    step_timings last_step;
+    encode_timings last_encode;
+    context_stats stats;
+    backend_report encoder_report, decoder_report;
+    const kv_cache & kv() const { return *kv_; }
+    size_t compute_buffer_bytes() const;
+    static constexpr uint32_t max_outputs = 8;  // logits rows per step (beams + the SOT row)
+
+  private:
+    ggml_backend_t primary_ = nullptr;
+    ggml_backend_t cpu_ = nullptr;  // CPU fallback when the primary is not the CPU
+    ggml_backend_sched_t sched_enc_ = nullptr, sched_dec_ = nullptr;
+    std::unique_ptr<kv_cache> kv_;
+    std::unique_ptr<graph_result> enc_graph_, dec_graph_;
+    bool reuse_enabled_ = true;
+
+    ggml_backend_sched_t make_sched();
+    void reserve_worst_case();
+    backend_report report(ggml_backend_sched_t sched, ggml_cgraph * gf) const;
+    void compute(ggml_backend_sched_t sched, ggml_cgraph * gf);
+};
+
+const char * kv_mode_name(kv_mode mode);
+kv_mode parse_kv_mode(const std::string & name);  // throws std::invalid_argument naming the accepted values
+
+}  // namespace aural

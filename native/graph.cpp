@@ -1,0 +1,244 @@
+#include "graph.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "ggml-backend.h"
+
+namespace aural {
+
+namespace {
+
+// ---- inputs -------------------------------------------------------------------------------------
+
+// A 1-D input whose length is the batch's token count.
+class tokens_input : public graph_input {
+  public:
+    explicit tokens_input(ggml_tensor * t) : t_(t) {}
+    void set_input(const decode_batch & b) override {
+        ggml_backend_tensor_set(t_, b.tokens, 0, b.n_tokens * sizeof(int32_t));
+    }
+    bool can_reuse(const decode_params & p) const override { return t_->ne[0] == p.n_tokens; }
+
+  private:
+    ggml_tensor * t_;
+};
+
+// Positions (i32, for the positional embedding) and KV rows (i64, for ggml_set_rows): n_past + i.
+class positions_input : public graph_input {
+  public:
+    positions_input(ggml_tensor * pos, ggml_tensor * rows) : pos_(pos), rows_(rows) {}
+    void set_input(const decode_batch & b) override {
+        std::vector<int32_t> pos(b.n_tokens);
+        std::vector<int64_t> rows(b.n_tokens);
+        for (uint32_t i = 0; i < b.n_tokens; ++i) {
+            pos[i] = static_cast<int32_t>(b.n_past + i);
+            rows[i] = b.n_past + i;
+        }
+        ggml_backend_tensor_set(pos_, pos.data(), 0, ggml_nbytes(pos_));
+        ggml_backend_tensor_set(rows_, rows.data(), 0, ggml_nbytes(rows_));
+    }
+    bool can_reuse(const decode_params & p) const override { return pos_->ne[0] == p.n_tokens; }
+
+  private:
+    ggml_tensor * pos_;
+    ggml_tensor * rows_;
+};
+
+// Causal mask over the whole arena: f16 [n_kv, n_tokens]; token i sees cells [0, n_past + i].
+class mask_input : public graph_input {
+  public:
+    explicit mask_input(ggml_tensor * t) : t_(t) {}
+    void set_input(const decode_batch & b) override {
+        const int64_t n_kv = t_->ne[0];
+        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), neg_inf = ggml_fp32_to_fp16(-INFINITY);
+        std::vector<ggml_fp16_t> mask(n_kv * t_->ne[1], neg_inf);
+        for (uint32_t i = 0; i < b.n_tokens; ++i) {
+            std::fill_n(mask.begin() + i * n_kv, b.n_past + i + 1, zero);
+        }
+        ggml_backend_tensor_set(t_, mask.data(), 0, ggml_nbytes(t_));
+    }
+    bool can_reuse(const decode_params & p) const override { return t_->ne[1] == p.n_tokens; }
+
+  private:
+    ggml_tensor * t_;
+};
+
+// Which batch rows reach the vocabulary projection (usually the last; the SOT row for no-speech).
+class outputs_input : public graph_input {
+  public:
+    explicit outputs_input(ggml_tensor * t) : t_(t) {}
+    void set_input(const decode_batch & b) override {
+        ggml_backend_tensor_set(t_, b.outputs.data(), 0, ggml_nbytes(t_));
+    }
+    bool can_reuse(const decode_params & p) const override { return t_->ne[0] == p.n_outputs; }
+
+  private:
+    ggml_tensor * t_;
+};
+
+// ---- layers -------------------------------------------------------------------------------------
+
+ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const norm_weights & w) {
+    x = ggml_norm(ctx, x, hparams::norm_eps);
+    return ggml_add(ctx, ggml_mul(ctx, x, w.w), w.b);
+}
+
+ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, ggml_tensor * b) {
+    x = ggml_mul_mat(ctx, w, x);
+    return b ? ggml_add(ctx, x, b) : x;
+}
+
+// [n_state, n] -> [head_dim, n, n_head], the layout ggml_flash_attn_ext takes for q, k and v.
+ggml_tensor * split_heads(ggml_context * ctx, ggml_tensor * x, int n_head) {
+    x = ggml_reshape_3d(ctx, x, x->ne[0] / n_head, n_head, x->ne[1]);
+    return ggml_permute(ctx, x, 0, 2, 1, 3);
+}
+
+// softmax(q k^T / sqrt(head_dim) + mask) v; result [n_state, n_q]. Whisper scales q and k each by
+// head_dim^-0.25 (ref: openai-whisper model.py MultiHeadAttention.qkv_attention): the same product.
+ggml_tensor * attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, ggml_tensor * mask,
+                        int n_head) {
+    const int64_t n_state = q->ne[0], n_q = q->ne[1];
+    const float scale = 1.0f / std::sqrt(static_cast<float>(n_state / n_head));
+    ggml_tensor * out = ggml_flash_attn_ext(ctx, split_heads(ctx, q, n_head), k, v, mask, scale, 0.0f, 0.0f);
+    ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32);  // f32 accumulation on GPUs, as on the CPU
+    return ggml_reshape_2d(ctx, out, n_state, n_q);     // out is [head_dim, n_head, n_q], contiguous
+}
+
+ggml_tensor * mlp(ggml_context * ctx, ggml_tensor * x, const mlp_weights & w) {
+    // Whisper's MLP uses the exact (erf) GELU (ref: openai-whisper model.py, nn.GELU()).
+    x = ggml_gelu_erf(ctx, linear(ctx, x, w.fc1_w, w.fc1_b));
+    return linear(ctx, x, w.fc2_w, w.fc2_b);
+}
+
+// Conv1d bias [n_state] broadcast over time: the conv output is [n_time, n_state].
+ggml_tensor * conv_bias(ggml_context * ctx, ggml_tensor * x, ggml_tensor * b) {
+    return ggml_add(ctx, x, ggml_reshape_2d(ctx, b, 1, b->ne[0]));
+}
+
+}  // namespace
+
+// ---- graph_result ---------------------------------------------------------------------------------
+
+graph_result::graph_result(size_t max_nodes) {
+    ggml_init_params params = {
+        /*.mem_size =*/ ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, false),
+        /*.mem_buffer =*/ nullptr,
+        /*.no_alloc =*/ true,
+    };
+    ctx = ggml_init(params);
+    gf = ggml_new_graph_custom(ctx, max_nodes, false);
+}
+
+graph_result::~graph_result() { ggml_free(ctx); }
+
+bool graph_result::can_reuse(const decode_params & p) const {
+    if (!(p == params) || inputs.empty()) {
+        return false;
+    }
+    for (const auto & in : inputs) {
+        if (!in->can_reuse(p)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void graph_result::set_inputs(const decode_batch & batch) {
+    for (auto & in : inputs) {
+        in->set_input(batch);
+    }
+}
+
+// ---- builders -------------------------------------------------------------------------------------
+
+std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv) {
+    const hparams & hp = m.hp;
+    auto res = std::make_unique<graph_result>(max_graph_nodes);
+    ggml_context * ctx = res->ctx;
+
+    res->mel = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.n_mel_frames(), hp.n_mels);
+    ggml_set_name(res->mel, "mel");
+    ggml_set_input(res->mel);
+
+    // conv stem: [3000, n_mels] -> [3000, n_state] -> (stride 2) [1500, n_state]
+    ggml_tensor * x = ggml_gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv1_w, res->mel, 1, 1), m.conv1_b));
+    x = ggml_gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv2_w, x, 2, 1), m.conv2_b));
+    x = ggml_add(ctx, ggml_cont(ctx, ggml_transpose(ctx, x)), m.enc_pos);  // [n_state, n_audio_ctx]
+
+    const int n_head = static_cast<int>(hp.n_audio_head);
+    for (const encoder_layer & l : m.enc) {
+        ggml_tensor * cur = layer_norm(ctx, x, l.attn_ln);
+        ggml_tensor * q = linear(ctx, cur, l.attn.q_w, l.attn.q_b);
+        // K/V as f16: flash attention on GPUs takes f16 (or quantised) K/V, and the CPU is faster with it.
+        ggml_tensor * k = ggml_cast(ctx, split_heads(ctx, linear(ctx, cur, l.attn.k_w, nullptr), n_head), GGML_TYPE_F16);
+        ggml_tensor * v = ggml_cast(ctx, split_heads(ctx, linear(ctx, cur, l.attn.v_w, l.attn.v_b), n_head), GGML_TYPE_F16);
+        cur = attention(ctx, q, k, v, nullptr, n_head);
+        x = ggml_add(ctx, x, linear(ctx, cur, l.attn.o_w, l.attn.o_b));
+        x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp));
+    }
+    x = layer_norm(ctx, x, m.enc_ln_post);
+
+    // Cross-attention K/V of every decoder layer, computed once per window and kept in the arena.
+    for (size_t il = 0; il < m.dec.size(); ++il) {
+        const attn_weights & c = m.dec[il].cross;
+        ggml_build_forward_expand(res->gf, kv.cpy_cross_k(ctx, linear(ctx, x, c.k_w, nullptr), il));
+        ggml_build_forward_expand(res->gf, kv.cpy_cross_v(ctx, linear(ctx, x, c.v_w, c.v_b), il));
+    }
+    return res;
+}
+
+std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p) {
+    const hparams & hp = m.hp;
+    auto res = std::make_unique<graph_result>(max_graph_nodes);
+    res->params = p;
+    ggml_context * ctx = res->ctx;
+
+    auto input = [ctx](ggml_type type, int64_t ne0, int64_t ne1, const char * name) {
+        ggml_tensor * t = ne1 > 0 ? ggml_new_tensor_2d(ctx, type, ne0, ne1) : ggml_new_tensor_1d(ctx, type, ne0);
+        ggml_set_name(t, name);
+        ggml_set_input(t);
+        return t;
+    };
+    ggml_tensor * tokens = input(GGML_TYPE_I32, p.n_tokens, 0, "tokens");
+    ggml_tensor * pos = input(GGML_TYPE_I32, p.n_tokens, 0, "positions");
+    ggml_tensor * rows = input(GGML_TYPE_I64, p.n_tokens, 0, "kv_rows");
+    ggml_tensor * mask = input(GGML_TYPE_F16, kv.n_ctx(), p.n_tokens, "kq_mask");
+    ggml_tensor * out_ids = input(GGML_TYPE_I32, p.n_outputs, 0, "out_ids");
+    res->inputs.push_back(std::make_unique<tokens_input>(tokens));
+    res->inputs.push_back(std::make_unique<positions_input>(pos, rows));
+    res->inputs.push_back(std::make_unique<mask_input>(mask));
+    res->inputs.push_back(std::make_unique<outputs_input>(out_ids));
+
+    // [n_state, n_tokens]
+    ggml_tensor * x = ggml_add(ctx, ggml_get_rows(ctx, m.tok_emb, tokens), ggml_get_rows(ctx, m.dec_pos, pos));
+    const int n_head = static_cast<int>(hp.n_text_head);
+    for (size_t il = 0; il < m.dec.size(); ++il) {
+        const decoder_layer & l = m.dec[il];
+        ggml_tensor * cur = layer_norm(ctx, x, l.attn_ln);
+        ggml_tensor * q = linear(ctx, cur, l.attn.q_w, l.attn.q_b);
+        // Write this step's K/V rows in place before the attention reads the arena (graph order).
+        ggml_build_forward_expand(res->gf, kv.cpy_k(ctx, linear(ctx, cur, l.attn.k_w, nullptr), rows, il));
+        ggml_build_forward_expand(res->gf, kv.cpy_v(ctx, linear(ctx, cur, l.attn.v_w, l.attn.v_b), rows, il));
+        cur = attention(ctx, q, kv.get_k(ctx, il), kv.get_v(ctx, il), mask, n_head);
+        x = ggml_add(ctx, x, linear(ctx, cur, l.attn.o_w, l.attn.o_b));
+
+        cur = layer_norm(ctx, x, l.cross_ln);
+        q = linear(ctx, cur, l.cross.q_w, l.cross.q_b);
+        cur = attention(ctx, q, kv.get_cross_k(ctx, il), kv.get_cross_v(ctx, il), nullptr, n_head);
+        x = ggml_add(ctx, x, linear(ctx, cur, l.cross.o_w, l.cross.o_b));
+
+        x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp));
+    }
+    x = layer_norm(ctx, x, m.dec_ln);
+    x = ggml_get_rows(ctx, x, out_ids);           // [n_state, n_outputs]
+    res->logits = ggml_mul_mat(ctx, m.tok_emb, x);  // tied output projection: [n_vocab, n_outputs]
+    ggml_set_name(res->logits, "logits");
+    ggml_set_output(res->logits);
+    ggml_build_forward_expand(res->gf, res->logits);
+    return res;
+}
+
+}  // namespace aural

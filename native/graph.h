@@ -1,0 +1,73 @@
+// Graph builders for the Whisper encoder and decoder, and the rules for reusing a built graph.
+//
+//   decode_params p{/*n_tokens=*/1, /*n_outputs=*/1};
+//   if (!reuse_enabled || !last || !last->can_reuse(p)) last = build_decoder(model, kv, p);  // else ++reuses
+//   last->set_inputs(batch);   // tokens, positions, KV row indices, mask: the only per-step data
+//
+// A graph is "single-use in terms of allocation, multi-use in terms of computation" (ggml): the
+// decoder's shapes depend only on (n_tokens, n_outputs) because attention always spans the whole
+// arena (masked), so every one-token step after the first reuses the same graph.
+// Thread-safety: a graph belongs to one context.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ggml.h"
+#include "kv-cache.h"
+#include "model.h"
+
+namespace aural {
+
+// What one decoder step feeds: tokens at positions n_past.. and which batch rows need logits.
+struct decode_batch {
+    const int32_t * tokens = nullptr;
+    uint32_t n_tokens = 0;
+    uint32_t n_past = 0;
+    std::vector<int32_t> outputs;  // batch indices whose logits are returned
+};
+
+// Everything the decoder graph's topology depends on. Equal params => the same graph shape.
+struct decode_params {
+    uint32_t n_tokens = 0;
+    uint32_t n_outputs = 0;
+    bool operator==(const decode_params & o) const { return n_tokens == o.n_tokens && n_outputs == o.n_outputs; }
+};
+
+// One input tensor of a graph: fills itself from a batch and says whether it fits new params.
+class graph_input {
+  public:
+    virtual ~graph_input() = default;
+    virtual void set_input(const decode_batch & batch) = 0;
+    // Conservative by default: an input that cannot tell must force a rebuild.
+    virtual bool can_reuse(const decode_params & p) const { return false; }
+};
+
+class graph_result {
+  public:
+    explicit graph_result(size_t max_nodes);
+    ~graph_result();
+    graph_result(const graph_result &) = delete;
+    graph_result & operator=(const graph_result &) = delete;
+
+    bool can_reuse(const decode_params & p) const;
+    void set_inputs(const decode_batch & batch);
+
+    ggml_context * ctx = nullptr;   // tensor metadata only; data lives in the scheduler's buffers
+    ggml_cgraph * gf = nullptr;
+    decode_params params;
+    std::vector<std::unique_ptr<graph_input>> inputs;
+    ggml_tensor * mel = nullptr;     // encoder input [n_frames, n_mels]
+    ggml_tensor * logits = nullptr;  // decoder output [n_vocab, n_outputs]
+};
+
+// Graph capacity: a Whisper layer is ~60 nodes; large-v3 has 32+32 layers.
+constexpr size_t max_graph_nodes = 8192;
+
+// Encoder: mel [2*n_audio_ctx, n_mels] -> conv stem -> transformer -> cross K/V written into `kv`.
+std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv);
+// Decoder: token batch -> logits of the requested outputs; writes the batch's K/V into `kv`.
+std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p);
+
+}  // namespace aural

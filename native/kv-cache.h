@@ -1,0 +1,80 @@
+// The KV arena of one decoding session: decoder self-attention K/V and the cross-attention K/V of the
+// current 30 s window, resident in the device's memory.
+//
+//   kv_cache kv(dev, hp, /*n_ctx=*/512, GGML_TYPE_F16);   // allocated once, zero-cleared, size logged
+//   ggml_tensor * k = kv.get_k(ctx, il);                  // view for a graph: [head_dim, n_ctx, n_head]
+//   ggml_build_forward_expand(gf, kv.cpy_k(ctx, k_cur, idxs, il)); // new rows written in place
+//   kv.apply(n_past, n_tokens);                           // the one method that changes the bookkeeping
+//
+// Each step writes only its new rows (ggml_set_rows inside the graph); the history never leaves the
+// device. The `host_*` methods exist for the baseline `host` KV mode, which mirrors the old design.
+// Thread-safety: owned by one context; not shared.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "hparams.h"
+
+namespace aural {
+
+// Bookkeeping of the self-attention cells, kept apart from the tensors.
+struct kv_cells {
+    uint32_t used = 0;  // positions [0, used) hold valid K/V
+};
+
+class kv_cache {
+  public:
+    kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, ggml_type type);
+    ~kv_cache();
+    kv_cache(const kv_cache &) = delete;
+    kv_cache & operator=(const kv_cache &) = delete;
+
+    // Views for graph builders, laid out for ggml_flash_attn_ext: [head_dim, n_rows, n_head].
+    ggml_tensor * get_k(ggml_context * ctx, int il) const;
+    ggml_tensor * get_v(ggml_context * ctx, int il) const;
+    ggml_tensor * get_cross_k(ggml_context * ctx, int il) const;
+    ggml_tensor * get_cross_v(ggml_context * ctx, int il) const;
+    // Graph ops writing new rows: cur [n_state, n_tokens] f32 -> rows `idxs` (i64 [n_tokens]).
+    ggml_tensor * cpy_k(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const;
+    ggml_tensor * cpy_v(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const;
+    // Graph ops writing the whole window's cross K/V: cur [n_state, n_audio_ctx] f32.
+    ggml_tensor * cpy_cross_k(ggml_context * ctx, ggml_tensor * cur, int il) const;
+    ggml_tensor * cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int il) const;
+
+    // Records that positions [n_past, n_past + n_tokens) are being written; positions beyond are
+    // forgotten (a rewind). Throws std::length_error when the arena would overflow.
+    void apply(uint32_t n_past, uint32_t n_tokens);
+    void clear();  // zero the buffer and forget every cell
+
+    uint32_t n_ctx() const { return n_ctx_; }
+    uint32_t used() const { return cells_.used; }
+    size_t self_bytes() const;   // self-attention K+V of all layers
+    size_t cross_bytes() const;  // cross-attention K+V of all layers
+    size_t row_bytes() const { return row_bytes_; }
+
+    // Baseline `host` mode: a host mirror is the source of truth; these move it to and from the arena
+    // and return the bytes moved.
+    void enable_host_mirror();
+    size_t host_upload_self(uint32_t n_rows);                 // rows [0, n_rows) of every layer
+    size_t host_download_self(uint32_t row0, uint32_t n_rows);
+    size_t host_upload_cross();
+    size_t host_download_cross();
+
+  private:
+    uint32_t n_ctx_ = 0;
+    uint32_t n_state_ = 0, n_head_ = 0, n_audio_ctx_ = 0;
+    size_t row_bytes_ = 0;
+    kv_cells cells_;
+    ggml_context * ctx_ = nullptr;
+    ggml_backend_buffer_t buffer_ = nullptr;
+    std::vector<ggml_tensor *> k_, v_;    // per layer [n_state, n_ctx]
+    std::vector<ggml_tensor *> ck_, cv_;  // per layer [n_state, n_audio_ctx]
+    std::vector<std::vector<uint8_t>> host_k_, host_v_, host_ck_, host_cv_;
+
+    ggml_tensor * heads_view(ggml_context * ctx, ggml_tensor * t, int64_t n_rows) const;
+};
+
+}  // namespace aural

@@ -1,0 +1,215 @@
+#include "model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <sys/stat.h>
+
+#include "backend.h"
+#include "gguf.h"
+#include "log.h"
+
+namespace aural {
+
+namespace {
+
+struct file_closer {
+    void operator()(FILE * f) const { std::fclose(f); }
+};
+using file_ptr = std::unique_ptr<FILE, file_closer>;
+
+struct gguf_deleter {
+    void operator()(gguf_context * g) const { gguf_free(g); }
+};
+using gguf_ptr = std::unique_ptr<gguf_context, gguf_deleter>;
+
+// gguf_get_val_* abort on a type mismatch, so every key is checked before it is read.
+uint32_t get_u32(gguf_context * meta, const std::string & key, const std::string & path) {
+    const int64_t id = gguf_find_key(meta, key.c_str());
+    if (id < 0) {
+        throw std::runtime_error(path + ": missing key '" + key + "' (not an Aural Whisper GGUF?)");
+    }
+    switch (gguf_get_kv_type(meta, id)) {
+        case GGUF_TYPE_UINT32: return gguf_get_val_u32(meta, id);
+        case GGUF_TYPE_INT32: return static_cast<uint32_t>(gguf_get_val_i32(meta, id));
+        default: throw std::runtime_error(path + ": key '" + key + "' has the wrong type");
+    }
+}
+
+std::string shape_str(const ggml_tensor * t) {
+    std::string s = "[";
+    for (int i = 0; i < ggml_n_dims(t); ++i) {
+        s += (i ? ", " : "") + std::to_string(t->ne[i]);
+    }
+    return s + "]";
+}
+
+}  // namespace
+
+std::unique_ptr<model> model::load(const std::string & path, const std::string & device, int n_threads) {
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+        throw std::runtime_error(path + ": model file not found");
+    }
+    std::unique_ptr<model> m(new model());
+    m->path = path;
+    m->dev = select_device(device);
+    m->n_threads = n_threads > 0 ? n_threads : default_threads();
+
+    ggml_context * meta_ctx = nullptr;
+    gguf_init_params params = {/*.no_alloc =*/ true, /*.ctx =*/ &meta_ctx};
+    gguf_ptr meta(gguf_init_from_file(path.c_str(), params));
+    if (!meta) {
+        throw std::runtime_error(path + ": not a readable GGUF file (corrupt or truncated header)");
+    }
+    m->ctx_ = meta_ctx;
+    m->read_hparams(meta.get());
+    m->bind_tensors();
+    m->read_weights(meta.get());
+    AURAL_LOG_INFO("%s: %u+%u layers, %.1f MiB of weights on %s", path.c_str(), m->hp.n_audio_layer,
+                   m->hp.n_text_layer, m->weights_bytes / 1048576.0, ggml_backend_dev_name(m->dev));
+    return m;
+}
+
+model::~model() {
+    if (buffer_) {
+        ggml_backend_buffer_free(buffer_);
+    }
+    if (ctx_) {
+        ggml_free(ctx_);
+    }
+}
+
+void model::read_hparams(gguf_context * meta) {
+    const int64_t arch_id = gguf_find_key(meta, "general.architecture");
+    if (arch_id < 0 || gguf_get_kv_type(meta, arch_id) != GGUF_TYPE_STRING) {
+        throw std::runtime_error(path + ": no general.architecture key (not a Whisper GGUF)");
+    }
+    const std::string arch = gguf_get_val_str(meta, arch_id);
+    if (arch != "whisper") {
+        throw std::runtime_error(path + ": architecture is '" + arch + "', expected 'whisper'");
+    }
+    hp.n_vocab = get_u32(meta, "whisper.vocab_size", path);
+    hp.n_audio_ctx = get_u32(meta, "whisper.audio.context_length", path);
+    hp.n_audio_state = get_u32(meta, "whisper.audio.embedding_length", path);
+    hp.n_audio_head = get_u32(meta, "whisper.audio.head_count", path);
+    hp.n_audio_layer = get_u32(meta, "whisper.audio.block_count", path);
+    hp.n_text_ctx = get_u32(meta, "whisper.text.context_length", path);
+    hp.n_text_state = get_u32(meta, "whisper.text.embedding_length", path);
+    hp.n_text_head = get_u32(meta, "whisper.text.head_count", path);
+    hp.n_text_layer = get_u32(meta, "whisper.text.block_count", path);
+    hp.n_mels = get_u32(meta, "whisper.n_mels", path);
+    if (hp.n_audio_head == 0 || hp.n_audio_state % hp.n_audio_head != 0 || hp.n_text_head == 0 ||
+        hp.n_text_state % hp.n_text_head != 0 || hp.n_audio_layer == 0 || hp.n_text_layer == 0) {
+        throw std::runtime_error(path + ": inconsistent hyper-parameters (heads do not divide the width)");
+    }
+}
+
+ggml_tensor * model::require(const std::string & name, std::initializer_list<int64_t> ne) {
+    ggml_tensor * t = ggml_get_tensor(ctx_, name.c_str());
+    if (!t) {
+        throw std::runtime_error(path + ": missing tensor '" + name + "'");
+    }
+    int i = 0;
+    bool ok = ggml_n_dims(t) <= static_cast<int>(ne.size());
+    for (int64_t want : ne) {
+        ok = ok && t->ne[i++] == want;
+    }
+    if (!ok) {
+        std::string expected = "[";
+        i = 0;
+        for (int64_t want : ne) {
+            expected += (i++ ? ", " : "") + std::to_string(want);
+        }
+        throw std::runtime_error(path + ": tensor '" + name + "' has shape " + shape_str(t) + ", expected " +
+                                 expected + "]");
+    }
+    return t;
+}
+
+void model::bind_tensors() {
+    const int64_t na = hp.n_audio_state, nt = hp.n_text_state;
+    conv1_w = require("enc.conv1.weight", {3, hp.n_mels, na});
+    conv1_b = require("enc.conv1.bias", {na});
+    conv2_w = require("enc.conv2.weight", {3, na, na});
+    conv2_b = require("enc.conv2.bias", {na});
+    enc_pos = require("enc.pos", {na, hp.n_audio_ctx});
+    auto attn = [this](const std::string & p, int64_t n) {
+        return attn_weights{require(p + ".q.weight", {n, n}), require(p + ".q.bias", {n}),
+                            require(p + ".k.weight", {n, n}), require(p + ".v.weight", {n, n}),
+                            require(p + ".v.bias", {n}), require(p + ".out.weight", {n, n}),
+                            require(p + ".out.bias", {n})};
+    };
+    auto norm = [this](const std::string & p, int64_t n) {
+        return norm_weights{require(p + ".weight", {n}), require(p + ".bias", {n})};
+    };
+    auto mlp = [this](const std::string & p, int64_t n) {
+        return mlp_weights{require(p + ".0.weight", {n, 4 * n}), require(p + ".0.bias", {4 * n}),
+                           require(p + ".2.weight", {4 * n, n}), require(p + ".2.bias", {n})};
+    };
+    for (uint32_t i = 0; i < hp.n_audio_layer; ++i) {
+        const std::string p = "enc.blk." + std::to_string(i);
+        enc.push_back({norm(p + ".attn_ln", na), attn(p + ".attn", na), norm(p + ".mlp_ln", na), mlp(p + ".mlp", na)});
+    }
+    enc_ln_post = norm("enc.ln_post", na);
+    tok_emb = require("dec.tok_emb", {nt, hp.n_vocab});
+    dec_pos = require("dec.pos", {nt, hp.n_text_ctx});
+    for (uint32_t i = 0; i < hp.n_text_layer; ++i) {
+        const std::string p = "dec.blk." + std::to_string(i);
+        dec.push_back({norm(p + ".attn_ln", nt), attn(p + ".attn", nt), norm(p + ".cross_ln", nt),
+                       attn(p + ".cross", nt), norm(p + ".mlp_ln", nt), mlp(p + ".mlp", nt)});
+    }
+    dec_ln = norm("dec.ln", nt);
+}
+
+void model::read_weights(gguf_context * meta) {
+    // Each tensor is read once, straight from the file into its backend buffer: into the tensor's
+    // memory when the buffer is host-visible, else through one bounded staging block.
+    const size_t data_offset = gguf_get_data_offset(meta);
+    file_ptr file(std::fopen(path.c_str(), "rb"));
+    if (!file) {
+        throw std::runtime_error(path + ": cannot open for reading");
+    }
+    std::fseek(file.get(), 0, SEEK_END);
+    const size_t file_size = static_cast<size_t>(std::ftell(file.get()));
+    for (int64_t i = 0; i < gguf_get_n_tensors(meta); ++i) {
+        const size_t end = data_offset + gguf_get_tensor_offset(meta, i) + gguf_get_tensor_size(meta, i);
+        if (end > file_size) {
+            throw std::runtime_error(path + ": truncated (" + std::to_string(file_size) + " bytes, tensor '" +
+                                     gguf_get_tensor_name(meta, i) + "' ends at " + std::to_string(end) + ")");
+        }
+    }
+    buffer_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_, ggml_backend_dev_buffer_type(dev));
+    if (!buffer_) {
+        throw std::runtime_error(path + ": cannot allocate the weights on " + std::string(ggml_backend_dev_name(dev)) +
+                                 " (out of memory?)");
+    }
+    ggml_backend_buffer_set_usage(buffer_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    weights_bytes = ggml_backend_buffer_get_size(buffer_);
+    const bool host = ggml_backend_buffer_is_host(buffer_);
+    std::vector<uint8_t> staging;
+    constexpr size_t staging_bytes = 16u << 20;
+    for (ggml_tensor * t = ggml_get_first_tensor(ctx_); t; t = ggml_get_next_tensor(ctx_, t)) {
+        const int64_t id = gguf_find_tensor(meta, ggml_get_name(t));
+        const size_t nbytes = ggml_nbytes(t);
+        std::fseek(file.get(), static_cast<long>(data_offset + gguf_get_tensor_offset(meta, id)), SEEK_SET);
+        if (host) {
+            if (std::fread(t->data, 1, nbytes, file.get()) != nbytes) {
+                throw std::runtime_error(path + ": read error in tensor '" + std::string(ggml_get_name(t)) + "'");
+            }
+            continue;
+        }
+        staging.resize(std::min(nbytes, staging_bytes));
+        for (size_t done = 0; done < nbytes;) {
+            const size_t n = std::min(staging.size(), nbytes - done);
+            if (std::fread(staging.data(), 1, n, file.get()) != n) {
+                throw std::runtime_error(path + ": read error in tensor '" + std::string(ggml_get_name(t)) + "'");
+            }
+            ggml_backend_tensor_set(t, staging.data(), done, n);
+            done += n;
+        }
+    }
+}
+
+}  // namespace aural

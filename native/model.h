@@ -1,0 +1,99 @@
+// Whisper weights loaded from one GGUF file into one backend buffer: immutable, shared by sessions.
+//
+//   auto model = aural::model::load("tiny.en-f16.gguf", "auto", /*n_threads=*/0);
+//   model->hp.n_text_layer;   // 4 for tiny
+//   model->dev;               // the ggml device that holds the weights
+//
+// Thread-safety: a loaded model is read-only; any number of contexts (one per thread) may use it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "gguf.h"
+#include "hparams.h"
+
+namespace aural {
+
+// Tensor shapes are ggml ne order ([ne0, ne1] = [in, out] for a linear weight).
+struct attn_weights {
+    ggml_tensor * q_w = nullptr;  // [n_state, n_state]
+    ggml_tensor * q_b = nullptr;  // [n_state]
+    ggml_tensor * k_w = nullptr;  // [n_state, n_state]; Whisper's key projection has no bias
+    ggml_tensor * v_w = nullptr;  // [n_state, n_state]
+    ggml_tensor * v_b = nullptr;  // [n_state]
+    ggml_tensor * o_w = nullptr;  // [n_state, n_state]
+    ggml_tensor * o_b = nullptr;  // [n_state]
+};
+
+struct norm_weights {
+    ggml_tensor * w = nullptr;  // [n_state]
+    ggml_tensor * b = nullptr;  // [n_state]
+};
+
+struct mlp_weights {
+    ggml_tensor * fc1_w = nullptr;  // [n_state, 4*n_state]
+    ggml_tensor * fc1_b = nullptr;  // [4*n_state]
+    ggml_tensor * fc2_w = nullptr;  // [4*n_state, n_state]
+    ggml_tensor * fc2_b = nullptr;  // [n_state]
+};
+
+struct encoder_layer {
+    norm_weights attn_ln;
+    attn_weights attn;
+    norm_weights mlp_ln;
+    mlp_weights mlp;
+};
+
+struct decoder_layer {
+    norm_weights attn_ln;
+    attn_weights attn;
+    norm_weights cross_ln;
+    attn_weights cross;
+    norm_weights mlp_ln;
+    mlp_weights mlp;
+};
+
+class model {
+  public:
+    // Throws std::runtime_error naming `path` for a missing, truncated or malformed file, a wrong
+    // architecture, a missing tensor or a wrong shape; std::invalid_argument for an unknown device.
+    static std::unique_ptr<model> load(const std::string & path, const std::string & device, int n_threads);
+    ~model();
+    model(const model &) = delete;
+    model & operator=(const model &) = delete;
+
+    std::string path;
+    hparams hp;
+    ggml_backend_dev_t dev = nullptr;  // where the weights live and graphs run first
+    int n_threads = 0;                 // CPU threads for contexts that don't set their own
+    size_t weights_bytes = 0;
+
+    ggml_tensor * conv1_w = nullptr;  // [3, n_mels, n_audio_state] f16
+    ggml_tensor * conv1_b = nullptr;  // [n_audio_state]
+    ggml_tensor * conv2_w = nullptr;  // [3, n_audio_state, n_audio_state] f16
+    ggml_tensor * conv2_b = nullptr;  // [n_audio_state]
+    ggml_tensor * enc_pos = nullptr;  // [n_audio_state, n_audio_ctx]
+    std::vector<encoder_layer> enc;
+    norm_weights enc_ln_post;
+
+    ggml_tensor * tok_emb = nullptr;  // [n_text_state, n_vocab]; also the output projection (tied)
+    ggml_tensor * dec_pos = nullptr;  // [n_text_state, n_text_ctx]
+    std::vector<decoder_layer> dec;
+    norm_weights dec_ln;
+
+  private:
+    model() = default;
+    void read_hparams(gguf_context * meta);
+    void bind_tensors();
+    ggml_tensor * require(const std::string & name, std::initializer_list<int64_t> ne);
+    void read_weights(gguf_context * meta);
+
+    ggml_context * ctx_ = nullptr;             // tensor metadata (no data)
+    ggml_backend_buffer_t buffer_ = nullptr;  // every weight, in the device's buffer type
+};
+
+}  // namespace aural
