@@ -80,7 +80,7 @@ ggml_backend_dev_t select_device(const std::string & want) {
     ensure_backends_loaded();
     const std::string w = lower(want.empty() ? "auto" : want);
     if (w == "auto") {
-        for (auto type : {GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU, GGML_BACKEND_DEVICE_TYPE_ACCEL}) {
+        for (auto type : {GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU}) {
             if (ggml_backend_dev_t dev = first_of_type(type)) {
                 AURAL_LOG_INFO("auto: using %s device %s (%s)", type_name(type), ggml_backend_dev_name(dev),
                                ggml_backend_dev_description(dev));
@@ -91,7 +91,7 @@ ggml_backend_dev_t select_device(const std::string & want) {
         if (!cpu) {
             throw std::runtime_error("no ggml device found, not even the CPU");
         }
-        AURAL_LOG_INFO("auto: no GPU or accelerator found, using the CPU");
+        AURAL_LOG_INFO("auto: no GPU found, using the CPU");
         return cpu;
     }
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
@@ -104,6 +104,18 @@ ggml_backend_dev_t select_device(const std::string & want) {
         }
     }
     throw std::invalid_argument("no backend or device named '" + want + "'; available: " + available_names());
+}
+
+std::vector<ggml_backend_dev_t> accelerators() {
+    ensure_backends_loaded();
+    std::vector<ggml_backend_dev_t> out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_ACCEL) {
+            out.push_back(dev);
+        }
+    }
+    return out;
 }
 
 std::vector<std::string> supported_weight_types(ggml_backend_dev_t dev) {

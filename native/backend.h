@@ -31,10 +31,14 @@ std::vector<device_info> list_devices();
 device_info describe_device(ggml_backend_dev_t dev);
 
 // The backend policy, in one place, with each decision logged (ref: whisper.cpp whisper_backend_init):
-// "auto" -> the first discrete GPU, then an integrated GPU, then an accelerator, CPU last.
+// "auto" -> the first discrete GPU, then an integrated GPU, else the CPU. Accelerators (BLAS, AMX)
+// hold no weights: they join every scheduler beside the primary device (see accelerators()).
 // Otherwise `want` names a device ("CUDA0") or a backend ("cuda", "vulkan", "cpu"), case-insensitive.
 // Throws std::invalid_argument naming the available devices when `want` matches none.
 ggml_backend_dev_t select_device(const std::string & want);
+
+// Devices of type ACCEL (e.g. ggml's BLAS backend): the scheduler offers them the ops they take.
+std::vector<ggml_backend_dev_t> accelerators();
 
 // Weight types whose matrix product the device runs natively (probed with ggml_backend_dev_supports_op).
 std::vector<std::string> supported_weight_types(ggml_backend_dev_t dev);

@@ -52,6 +52,13 @@ context::context(const model & m, const context_params & p) : mdl(m), params(p) 
         }
         set_backend_threads(cpu_, n_threads);
     }
+    for (ggml_backend_dev_t dev : accelerators()) {
+        if (ggml_backend_t b = ggml_backend_dev_init(dev, nullptr)) {
+            set_backend_threads(b, n_threads);
+            accel_.push_back(b);
+            AURAL_LOG_INFO("accelerator %s joins the scheduler", ggml_backend_dev_name(dev));
+        }
+    }
     kv_ = std::make_unique<kv_cache>(m.dev, m.hp, arena_cells(m.hp), GGML_TYPE_F16);
     if (p.mode == kv_mode::host) {
         kv_->enable_host_mirror();
@@ -67,16 +74,20 @@ context::~context() {
     if (sched_dec_) ggml_backend_sched_free(sched_dec_);
     if (sched_enc_) ggml_backend_sched_free(sched_enc_);
     kv_.reset();
+    for (ggml_backend_t b : accel_) ggml_backend_free(b);
     if (cpu_) ggml_backend_free(cpu_);
     if (primary_) ggml_backend_free(primary_);
 }
 
 ggml_backend_sched_t context::make_sched() {
-    // The CPU comes last: ops the primary device lacks fall back to it through the scheduler.
-    std::vector<ggml_backend_t> backends = {primary_};
+    // Order is priority: the GPU, then accelerators (BLAS), the CPU last; ops a backend lacks fall
+    // back to the next through the scheduler. With no GPU the primary device is the CPU itself.
+    std::vector<ggml_backend_t> backends;
     if (cpu_) {
-        backends.push_back(cpu_);
+        backends.push_back(primary_);
     }
+    backends.insert(backends.end(), accel_.begin(), accel_.end());
+    backends.push_back(cpu_ ? cpu_ : primary_);
     ggml_backend_sched_t s = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
                                                     max_graph_nodes, /*parallel=*/false, /*op_offload=*/true);
     if (!s) {
@@ -130,7 +141,7 @@ backend_report context::report(ggml_backend_sched_t sched, ggml_cgraph * gf) con
         ggml_backend_t b = ggml_backend_sched_get_tensor_backend(sched, node);
         const std::string name = b ? ggml_backend_name(b) : "?";
         r.nodes_per_backend[name]++;
-        if (b && b != primary_) {
+        if (b && b == cpu_) {  // accelerators taking ops is the plan, the CPU taking them is a fallback
             fallback.insert(ggml_op_desc(node));
         }
     }

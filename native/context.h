@@ -89,6 +89,7 @@ class context {
   private:
     ggml_backend_t primary_ = nullptr;
     ggml_backend_t cpu_ = nullptr;  // CPU fallback when the primary is not the CPU
+    std::vector<ggml_backend_t> accel_;  // BLAS and other accelerators, between primary and CPU
     ggml_backend_sched_t sched_enc_ = nullptr, sched_dec_ = nullptr;
     std::unique_ptr<kv_cache> kv_;
     std::unique_ptr<graph_result> enc_graph_, dec_graph_;

