@@ -57,8 +57,11 @@ run: setup build/sample.wav
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Peer benchmarks (bench/run.py; it makes bench/.venv with bench/setup.sh on first use):
+#   make bench BENCH_ARGS="--rounds 1 --clips jfk,sonnet"
+BENCH_ARGS ?=
 bench: setup
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build dist $(VENV)

@@ -296,6 +296,82 @@ def _run_models_path(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------------- live
+
+
+def _add_live(subparsers: Any) -> None:
+    p = subparsers.add_parser("live", help="live captions from a microphone (or a file replayed as live)",
+                              description="Caption speech as it is spoken. Ctrl-C stops and keeps the last words.")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--device", metavar="ID", help="input device index or name (default: the system default)")
+    source.add_argument("--replay", type=Path, metavar="FILE", help="caption FILE as if it were being spoken")
+    p.add_argument("--speed", type=float, default=1.0, metavar="X",
+                   help="--replay pace: 1.0 real time (default), 0 as fast as decoding goes")
+    p.add_argument("--json", action="store_true", help="one JSON object per event (partial, commit, metrics, error)")
+    p.add_argument("-m", "--model", help="model name or .gguf path (default: the bundled model)")
+    p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
+    p.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: 0 = automatic)")
+    p.add_argument("--kv-mode", choices=["device", "host"], default="device",
+                   help="keep the decoder KV cache on the device or on the host (default: device)")
+    p.add_argument("--step", type=float, default=1.0, metavar="S", help="seconds of audio between decodes (default: 1.0)")
+    p.set_defaults(run=_run_live, parser=p)
+
+
+def _run_live(args: argparse.Namespace) -> int:
+    """Prints captions as events arrive: committed text stays, tentative text is dimmed and rewritten
+    (on a terminal); --json prints every event; the first Ctrl-C stops cleanly, a second one aborts."""
+    import signal
+    import threading
+
+    from .capture import MicrophoneSource, ReplaySource
+    from .streaming import Commit, Error, Metrics, Partial, StreamOptions, event_dict, live_events
+
+    if args.replay is None and args.speed != 1.0:
+        return _usage_error(args.parser, "--speed needs --replay")
+    device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
+    source = ReplaySource(args.replay, speed=args.speed) if args.replay else MicrophoneSource(device)
+    try:
+        options = StreamOptions(step_s=args.step)
+    except ValueError as exc:
+        return _usage_error(args.parser, f"--step: {exc}")
+    stop = threading.Event()
+    events = live_events(_model_loader(args)(), source, options, kv_mode=args.kv_mode, stop=stop)
+    tty, line, last, failed = sys.stdout.isatty() and not args.json, "", None, False
+    default_handler = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda *_: (stop.set(), signal.signal(signal.SIGINT, default_handler)))
+    try:
+        for event in events:
+            last = event if isinstance(event, Metrics) else last
+            if args.json:
+                print(json.dumps(event_dict(event)), flush=True)
+            if isinstance(event, Error):
+                failed = True
+                _error(event.message)
+            elif isinstance(event, Commit) and not args.json:
+                line = f"{line} {event.text}".strip()
+                if not tty:
+                    print(event.text, flush=True)
+            if tty and isinstance(event, (Commit, Partial)):
+                tentative = event.text if isinstance(event, Partial) else ""
+                # Only the end of the line fits on the screen; a full line is kept and a new one begun.
+                if len(line) > 70:
+                    print(f"\r\033[K{line}")
+                    line = ""
+                print(f"\r\033[K{line} \033[2m{tentative}\033[0m", end="", flush=True)
+    finally:
+        signal.signal(signal.SIGINT, default_handler)
+        if tty:
+            print(f"\r\033[K{line}", flush=True)
+    if last is not None:
+        first = "-" if last.first_partial_s is None else f"{last.first_partial_s:.2f} s"
+        lag = "-" if last.commit_lag_s is None else f"{last.commit_lag_s:.2f} s"
+        print(f"live: {last.audio_s:.1f} s audio, {last.n_steps} steps, RTF {last.rtf_mean:.2f} "
+              f"(last steps {last.rtf:.2f}), first partial {first}, commit lag {lag}, "
+              f"{last.dropped_blocks} dropped blocks, {last.device} ({last.backend}), KV on {last.kv_mode}",
+              file=sys.stderr)
+    return EXIT_ERROR if failed else 0
+
+
 # ----------------------------------------------------------------------------------------------- doctor
 
 
@@ -427,7 +503,7 @@ def _device_table(devices: list[dict[str, Any]]) -> str:
 
 # ------------------------------------------------------------------------------------------------- main
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_transcribe, _add_models, _add_doctor]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_transcribe, _add_models, _add_live, _add_doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -78,3 +78,7 @@ def whisper_model(tiny_gguf):
     from aural.engine.runtime import WhisperModel
 
     return WhisperModel(tiny_gguf)
+
+
+# The virtual microphone (a private PulseAudio daemon), shared by every test that needs one.
+from audio_harness import virtual_mic  # noqa: E402, F401

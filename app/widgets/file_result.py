@@ -1,0 +1,117 @@
+"""One file's result: its timestamped segments, the selected segment's time, its RTF and exports."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
+
+from aural.engine.writers import format_timestamp
+
+from ..jobs import FileJob, JobStatus
+from .file_queue import format_duration
+
+__all__ = ["EXPORT_FORMATS", "FileResultView"]
+
+EXPORT_FORMATS = ("txt", "srt", "vtt", "json")
+_START, _END, _TEXT = range(3)
+
+
+class FileResultView(QWidget):
+    export_requested = Signal(str)  # format
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("fileResult")
+        self._summary = QLabel("Drop audio or video files on the window, or use File → Open.")
+        self._summary.setObjectName("resultSummary")
+        self._summary.setWordWrap(True)
+        self._selected = QLabel("")
+        self._selected.setObjectName("segmentTime")
+        self._table = QTableWidget(0, 3)
+        self._table.setHorizontalHeaderLabels(("Start", "End", "Text"))
+        self._table.verticalHeader().setVisible(False)
+        self._table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self._table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self._table.setWordWrap(True)
+        self._table.setAlternatingRowColors(True)
+        header = self._table.horizontalHeader()
+        header.setSectionResizeMode(_START, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(_END, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(_TEXT, QHeaderView.ResizeMode.Stretch)
+        self._table.currentCellChanged.connect(self._show_time)
+        self._exports = {fmt: QPushButton(fmt.upper()) for fmt in EXPORT_FORMATS}
+        buttons = QHBoxLayout()
+        buttons.addWidget(self._selected, 1)
+        buttons.addWidget(QLabel("Export:"))
+        for fmt, button in self._exports.items():
+            button.setToolTip(f"Save this transcript as {fmt.upper()}")
+            button.clicked.connect(lambda _=False, f=fmt: self.export_requested.emit(f))
+            buttons.addWidget(button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self._summary)
+        layout.addWidget(self._table, 1)
+        layout.addLayout(buttons)
+        self._set_exportable(False)
+
+    @property
+    def table(self) -> QTableWidget:
+        return self._table
+
+    def summary_text(self) -> str:
+        return self._summary.text()
+
+    def selected_time_text(self) -> str:
+        return self._selected.text()
+
+    def export_button(self, fmt: str) -> QPushButton:
+        return self._exports[fmt]
+
+    @Slot(object)
+    def show_job(self, job: FileJob) -> None:
+        """Replace the view with `job`'s segments and summary."""
+        self._table.setRowCount(0)
+        self._selected.clear()
+        for segment in job.segments:
+            self.append_segment(segment)
+        self.set_summary(job)
+
+    @Slot(object)
+    def append_segment(self, segment) -> None:
+        row = self._table.rowCount()
+        self._table.insertRow(row)
+        for column, text in ((_START, format_timestamp(segment.start)), (_END, format_timestamp(segment.end)),
+                             (_TEXT, segment.text.strip())):
+            item = QTableWidgetItem(text)
+            item.setData(Qt.ItemDataRole.UserRole, (segment.start, segment.end))
+            self._table.setItem(row, column, item)
+        self._table.resizeRowToContents(row)
+
+    @Slot(object)
+    def set_summary(self, job: FileJob) -> None:
+        parts = [f"<b>{html.escape(job.path.name)}</b>", job.status.value]
+        if job.info is not None:
+            parts.append(f"{format_duration(job.info.duration_s)} · language {job.info.language}")
+        if job.timings is not None:
+            t = job.timings
+            parts.append(f"RTF {t.rtf:.2f} ({t.wall_s:.1f} s) · {t.backend}/{t.device}, KV on {t.kv_mode}")
+        if job.status is JobStatus.FAILED:
+            parts.append(f'<span style="color:#e5484d">{html.escape(job.error)}</span>')
+        self._summary.setText(" · ".join(parts))
+        self._set_exportable(bool(job.segments))
+
+    def _set_exportable(self, enabled: bool) -> None:
+        for button in self._exports.values():
+            button.setEnabled(enabled)
+
+    def _show_time(self, row: int, _column: int, _previous_row: int, _previous_column: int) -> None:
+        item = self._table.item(row, _START) if row >= 0 else None
+        if item is None:
+            self._selected.clear()
+            return
+        start, end = item.data(Qt.ItemDataRole.UserRole)
+        self._selected.setText(f"Segment {row + 1}: {format_timestamp(start)} → {format_timestamp(end)} "
+                               f"({end - start:.1f} s)")

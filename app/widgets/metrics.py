@@ -1,0 +1,105 @@
+"""The live metrics panel: speed, per-token decoder costs with a small plot, KV arena, latency, backend."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Slot
+from PySide6.QtWidgets import QFormLayout, QLabel, QVBoxLayout, QWidget
+
+__all__ = ["MetricsPanel", "PLOT_TOKENS"]
+
+PLOT_TOKENS = 300  # decoder calls shown in the plot
+_COMPUTE_PEN = pg.mkPen("#4ea8de", width=2)
+_KV_IO_PEN = pg.mkPen("#f4a259", width=2)
+
+# (row label, how to show the metrics) in display order.
+_ROWS = {
+    "rtf": ("RTF (rolling / mean)", lambda m: f"{m.rtf:.2f} / {m.rtf_mean:.2f}"),
+    "encoder": ("Encoder per step", lambda m: f"{m.encoder_ms:.0f} ms"),
+    "decode": ("Decode per token", lambda m: f"{m.decode_ms_per_token:.2f} ms"),
+    "split": ("  compute · KV/IO", lambda m: f"{m.compute_ms_per_token:.2f} · {m.kv_io_ms_per_token:.2f} ms"),
+    "kv": ("KV arena fill", lambda m: f"{m.kv_tokens} tokens · {m.kv_mib:.2f} MiB"),
+    "graphs": ("Decoder graphs", lambda m: f"{m.graph_reuses} reused · {m.graph_builds} built"),
+    "latency": ("First partial · commit lag",
+                lambda m: f"{_seconds(m.first_partial_s)} · {_seconds(m.commit_lag_s)}"),
+    "dropped": ("Dropped audio blocks", lambda m: str(m.dropped_blocks)),
+    "backend": ("Backend / device", lambda m: f"{m.backend} / {m.device} · KV on {m.kv_mode}"),
+}
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f} s"
+
+
+class MetricsPanel(QWidget):
+    """Shows the latest streaming `Metrics`; the plot spreads each step's per-token means over its tokens."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("metricsPanel")
+        form = QFormLayout()
+        form.setContentsMargins(0, 0, 0, 0)
+        self._values: dict[str, QLabel] = {}
+        for key, (label, _) in _ROWS.items():
+            value = QLabel("—")
+            value.setObjectName(f"metric_{key}")
+            self._values[key] = value
+            form.addRow(label, value)
+        self._fallback = QLabel()
+        self._fallback.setObjectName("fallbackWarning")
+        self._fallback.setWordWrap(True)
+        self._fallback.hide()
+        self._compute: deque[float] = deque(maxlen=PLOT_TOKENS)
+        self._kv_io: deque[float] = deque(maxlen=PLOT_TOKENS)
+        self._plot = pg.PlotWidget()
+        self._plot.setObjectName("tokenPlot")
+        self._plot.setBackground(None)
+        self._plot.setMinimumHeight(140)
+        self._plot.setMouseEnabled(x=False, y=False)
+        self._plot.hideButtons()
+        self._plot.setLabel("left", "ms / token")
+        self._plot.setLabel("bottom", f"last {PLOT_TOKENS} tokens")
+        self._plot.addLegend(offset=(6, 6))
+        self._compute_curve = self._plot.plot(pen=_COMPUTE_PEN, name="compute")
+        self._kv_io_curve = self._plot.plot(pen=_KV_IO_PEN, name="KV/IO")
+        layout = QVBoxLayout(self)
+        layout.addWidget(self._fallback)
+        layout.addLayout(form)
+        layout.addWidget(self._plot, 1)
+
+    def value_text(self, key: str) -> str:
+        return self._values[key].text()
+
+    def fallback_text(self) -> str:
+        return self._fallback.text() if self._fallback.isVisibleTo(self) else ""
+
+    def plotted_tokens(self) -> int:
+        return len(self._compute)
+
+    @Slot(object)
+    def set_metrics(self, metrics) -> None:
+        for key, (_, show) in _ROWS.items():
+            self._values[key].setText(show(metrics))
+        self._set_fallback(metrics.fallback_ops)
+        if metrics.n_tokens:
+            self._compute.extend([metrics.compute_ms_per_token] * metrics.n_tokens)
+            self._kv_io.extend([metrics.kv_io_ms_per_token] * metrics.n_tokens)
+            self._compute_curve.setData(np.fromiter(self._compute, float))
+            self._kv_io_curve.setData(np.fromiter(self._kv_io, float))
+
+    @Slot()
+    def reset(self) -> None:
+        for value in self._values.values():
+            value.setText("—")
+        self._compute.clear()
+        self._kv_io.clear()
+        self._compute_curve.setData([])
+        self._kv_io_curve.setData([])
+        self._set_fallback(())
+
+    def _set_fallback(self, ops) -> None:
+        self._fallback.setVisible(bool(ops))
+        self._fallback.setText(f"⚠ Ran on the CPU instead of the accelerator: {', '.join(ops)}" if ops else "")

@@ -1,0 +1,76 @@
+"""The caption (presentation) window: the latest captions in large text on a dark background."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Qt, Slot
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+__all__ = ["CaptionWindow"]
+
+# Characters of committed text kept on screen: about three lines at the default size; older text
+# scrolls off the top, as on broadcast captions.
+_TAIL_CHARS = 180
+# Font height as a share of the window height, so resizing the window scales the captions.
+_FONT_SHARE = 0.11
+_MIN_FONT_PX = 18
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of text, at most `limit` characters, cut at a word boundary."""
+    if len(text) <= limit:
+        return text
+    cut = text[-limit:]
+    return cut.partition(" ")[2] or cut
+
+
+class CaptionWindow(QWidget):
+    """A separate, resizable top-level window for an audience or a second screen."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent, Qt.WindowType.Window)
+        self.setObjectName("captionWindow")
+        self.setWindowTitle("Aural captions")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)
+        self.resize(960, 300)
+        self._committed = ""
+        self._partial = ""
+        self._label = QLabel(self)
+        self._label.setObjectName("captionText")
+        self._label.setWordWrap(True)
+        self._label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignBottom)
+        self._label.setTextFormat(Qt.TextFormat.RichText)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(32, 24, 32, 24)
+        layout.addWidget(self._label)
+
+    def text(self) -> str:
+        return self._label.text()
+
+    @Slot(str)
+    def append_commit(self, text: str) -> None:
+        self._committed = _tail(f"{self._committed} {text.strip()}".strip(), _TAIL_CHARS)
+        self._partial = ""
+        self._render()
+
+    @Slot(str)
+    def set_partial(self, text: str) -> None:
+        self._partial = text.strip()
+        self._render()
+
+    @Slot()
+    def clear_captions(self) -> None:
+        self._committed = self._partial = ""
+        self._render()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        font = self._label.font()
+        font.setPixelSize(max(_MIN_FONT_PX, int(event.size().height() * _FONT_SHARE)))
+        self._label.setFont(font)
+        super().resizeEvent(event)
+
+    def _render(self) -> None:
+        partial = f' <span style="color:#9aa4b2">{html.escape(self._partial)}</span>' if self._partial else ""
+        self._label.setText(f"{html.escape(self._committed)}{partial}")

@@ -1,0 +1,369 @@
+"""The main window: it lays out the views, connects them to the services and keeps the settings.
+
+It receives everything it uses (settings, services, catalog) from the composition root and calls the
+engine only through those services.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QStandardPaths, Qt, QUrl, Signal, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QSplitter,
+                               QTabWidget, QToolButton, QVBoxLayout, QWidget)
+
+from aural.engine.errors import AuralError
+
+from .export import save_transcript
+from .jobs import FileJob
+from .services import Catalog, FileQueue, LiveSession, ModelService
+from .settings import Key, Settings
+from .widgets.captions import CaptionsView
+from .widgets.controls import ControlBar
+from .widgets.file_queue import FileQueueView
+from .widgets.file_result import EXPORT_FORMATS, FileResultView
+from .widgets.metrics import MetricsPanel
+from .widgets.presentation import CaptionWindow
+
+__all__ = ["MainWindow"]
+
+logger = logging.getLogger(__name__)
+
+_FILTERS = {"txt": "Text (*.txt)", "srt": "SubRip subtitles (*.srt)", "vtt": "WebVTT subtitles (*.vtt)",
+            "json": "JSON with segments and timings (*.json)"}
+_ERROR_MARK = "⚠"
+_OPEN_FILTER = ("Audio and video (*.wav *.flac *.mp3 *.ogg *.opus *.m4a *.aac *.wma *.mp4 *.mkv *.webm *.mov "
+                "*.avi);;All files (*)")
+
+
+def _local_files(urls: list[QUrl]) -> list[str]:
+    return [url.toLocalFile() for url in urls if url.isLocalFile() and url.toLocalFile()]
+
+
+class MainWindow(QMainWindow):
+    closing = Signal()  # the composition root stops the services on it
+
+    def __init__(self, settings: Settings, models: ModelService, files: FileQueue, live: LiveSession,
+                 catalog: Catalog):
+        super().__init__()
+        self.setWindowTitle("Aural")
+        self.setAcceptDrops(True)
+        self._settings = settings
+        self.models = models
+        self.files = files
+        self.live = live
+        self._shown_job: FileJob | None = None
+        self._started_at: float | None = None  # Start (or model ready, if Start waited), until the first partial
+        self.last_error = ""
+        self._build_menus()
+        self._build_views()
+        self._connect_services()
+        self._restore(catalog)
+
+    # -- construction --
+
+    def _build_views(self) -> None:
+        self.controls = ControlBar()
+        self.captions = CaptionsView()
+        self.metrics = MetricsPanel()
+        self.queue = FileQueueView()
+        self.result = FileResultView()
+        self.caption_window = CaptionWindow(self)
+        live = QSplitter(Qt.Orientation.Horizontal)
+        live.addWidget(self._captions_pane())
+        live.addWidget(self.metrics)
+        live.setStretchFactor(0, 3)
+        live.setStretchFactor(1, 2)
+        files = QSplitter(Qt.Orientation.Vertical)
+        files.addWidget(self.queue)
+        files.addWidget(self.result)
+        files.setStretchFactor(1, 3)
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.live_tab = self.tabs.addTab(live, "Live captions")
+        self.files_tab = self.tabs.addTab(files, "Files")
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addWidget(self.controls)
+        layout.addWidget(self.tabs, 1)
+        self.setCentralWidget(central)
+        self.model_status = QLabel()
+        self.model_status.setObjectName("modelStatus")
+        self.statusBar().addPermanentWidget(self.model_status)
+
+    def _captions_pane(self) -> QWidget:
+        """The captions with their actions underneath (the same actions as in the menus)."""
+        save = QToolButton()
+        save.setText("Save as…")
+        save.setToolTip("Save the captions as TXT, SRT, VTT or JSON")
+        save.setMenu(self._export_menu)
+        save.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        bar = QHBoxLayout()
+        bar.setContentsMargins(8, 4, 8, 6)
+        for action in (self._copy_action, self._clear_action):
+            bar.addWidget(self._tool_button(action))
+        bar.addWidget(save)
+        bar.addStretch(1)
+        bar.addWidget(self._tool_button(self._present_action))
+        pane = QWidget()
+        layout = QVBoxLayout(pane)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addWidget(self.captions, 1)
+        layout.addLayout(bar)
+        return pane
+
+    @staticmethod
+    def _tool_button(action: QAction) -> QToolButton:
+        button = QToolButton()
+        button.setDefaultAction(action)
+        return button
+
+    def _build_menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        self._action(file_menu, "&Open audio or video…", self.open_files, QKeySequence.StandardKey.Open)
+        self._export_menu = file_menu.addMenu("&Export captions as")
+        for fmt in EXPORT_FORMATS:
+            self._action(self._export_menu, fmt.upper(), lambda _=False, f=fmt: self._ask_export_captions(f))
+        file_menu.addSeparator()
+        self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+        edit = self.menuBar().addMenu("&Edit")
+        self._copy_action = self._action(edit, "&Copy captions", self.copy_captions, "Ctrl+Shift+C")
+        self._clear_action = self._action(edit, "C&lear captions", self.clear_captions, "Ctrl+L")
+        live = self.menuBar().addMenu("&Live")
+        self._action(live, "&Start / Stop", self.toggle_live, "Ctrl+R")
+        view = self.menuBar().addMenu("&View")
+        self._present_action = self._action(view, "&Caption window", self.show_caption_window, "Ctrl+Shift+P")
+        # Space toggles too, unless a widget that types or presses with it has the focus.
+        QShortcut(QKeySequence(Qt.Key.Key_Space), self, self.toggle_live)
+
+    def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
+        action = menu.addAction(text)
+        action.triggered.connect(slot)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        return action
+
+    def _connect_services(self) -> None:
+        c = self.controls
+        c.start_stop_requested.connect(self.toggle_live)
+        c.device_changed.connect(lambda name: self._settings.set(Key.INPUT_DEVICE, name))
+        c.model_changed.connect(self._pick_model)
+        c.language_changed.connect(lambda code: self._settings.set(Key.LANGUAGE, code))
+        c.kv_mode_changed.connect(lambda mode: self._settings.set(Key.KV_MODE, mode))
+        self.models.loading.connect(lambda spec: self.model_status.setText(f"Loading {spec}…"))
+        self.models.ready.connect(self._on_model_ready)
+        self.models.failed.connect(self._on_model_failed)
+        self.live.running_changed.connect(self._on_running_changed)
+        self.live.partial.connect(self._on_partial)
+        self.live.commit.connect(self._on_commit)
+        self.live.metrics.connect(self.metrics.set_metrics)
+        self.live.level.connect(c.level_meter.set_level)
+        self.live.failed.connect(self.show_error)
+        self.files.added.connect(self.queue.add_job)
+        self.files.changed.connect(self._on_job_changed)
+        self.files.segment_added.connect(self._on_segment_added)
+        self.queue.cancel_requested.connect(self.files.cancel)
+        self.queue.job_selected.connect(lambda job_id: self.show_job(self.files.job(job_id)))
+        self.result.export_requested.connect(self._ask_export_job)
+
+    def _restore(self, catalog: Catalog) -> None:
+        s = self._settings
+        if not s.get(Key.GEOMETRY).isEmpty():
+            self.restoreGeometry(s.get(Key.GEOMETRY))
+        else:
+            self.resize(1180, 740)
+        try:
+            devices = catalog.input_devices()
+        except AuralError as exc:
+            devices = []
+            self.show_error(str(exc))
+        self.controls.set_devices(devices, s.get(Key.INPUT_DEVICE))
+        self.controls.set_models(catalog.models(), s.get(Key.MODEL))
+        self.controls.set_language(s.get(Key.LANGUAGE))
+        self.controls.set_kv_mode(s.get(Key.KV_MODE))
+        self.controls.set_multilingual(False)  # until a model is loaded
+
+    # -- live captions --
+
+    @Slot()
+    def toggle_live(self) -> None:
+        if self.live.running:
+            self.live.stop()
+            self.statusBar().showMessage("Stopping: committing the last words…")
+            return
+        self.tabs.setCurrentIndex(self.live_tab)
+        self.metrics.reset()
+        self._started_at = time.monotonic()
+        self.live.start(self.controls.current_device(), self._language(), self._settings.get(Key.KV_MODE))
+
+    def _on_running_changed(self, running: bool) -> None:
+        self.controls.set_running(running)
+        if running:
+            waiting = self.models.model is None
+            self.statusBar().showMessage("Waiting for the model…" if waiting else "Listening…")
+        else:
+            self._started_at = None
+            self.captions.set_partial("")
+            self.caption_window.set_partial("")
+            if not self._showing_error():
+                self.statusBar().showMessage("Stopped.", 5000)
+
+    def _on_partial(self, partial) -> None:
+        if partial.text and self._started_at is not None:
+            latency = time.monotonic() - self._started_at
+            self._started_at = None
+            logger.info("first partial %.2f s after Start", latency)
+            self.statusBar().showMessage(f"Listening… first caption {latency:.2f} s after Start")
+        self.captions.set_partial(partial.text)
+        self.caption_window.set_partial(partial.text)
+
+    def _on_commit(self, commit) -> None:
+        self.captions.append_commit(commit.text)
+        self.caption_window.append_commit(commit.text)
+
+    @Slot()
+    def copy_captions(self) -> None:
+        QApplication.clipboard().setText(self.captions.toPlainText())
+        self.statusBar().showMessage("Captions copied.", 3000)
+
+    @Slot()
+    def clear_captions(self) -> None:
+        self.live.clear_transcript()
+        self.captions.clear_captions()
+        self.caption_window.clear_captions()
+
+    @Slot()
+    def show_caption_window(self) -> None:
+        self.caption_window.show()
+        self.caption_window.raise_()
+
+    def _language(self) -> str | None:
+        """The picked language; None to detect it (the services ignore it for English-only models)."""
+        return self._settings.get(Key.LANGUAGE) or None
+
+    # -- model --
+
+    def _pick_model(self, spec: str) -> None:
+        self._settings.set(Key.MODEL, spec)
+        self.models.load(spec)
+
+    def _on_model_ready(self, model) -> None:
+        if self._started_at is not None:  # a Start that waited for the model: time it from now
+            self._started_at = time.monotonic()
+        elif not self._showing_error():
+            self.statusBar().showMessage(f"Ready: {model.name} loaded.", 5000)
+        self.model_status.setText(f"{model.name} · {model.backend}/{model.device} · loaded in {model.load_s:.1f} s")
+        self.controls.set_multilingual(model.multilingual)
+
+    def _on_model_failed(self, message: str) -> None:
+        model = self.models.model
+        self.model_status.setText("No model loaded" if model is None else f"{model.name} (still in use)")
+        self.show_error(message)
+
+    # -- files --
+
+    @Slot()
+    def open_files(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Transcribe files", self._export_dir(), _OPEN_FILTER)
+        self.add_files(paths)
+
+    def add_files(self, paths: list[str]) -> None:
+        if not paths:
+            return
+        jobs = self.files.add(paths, self._language(), self._settings.get(Key.KV_MODE))
+        self.tabs.setCurrentIndex(self.files_tab)
+        if self.models.model is None:
+            self.statusBar().showMessage("Files wait for the model to load…")
+        self.queue.setCurrentItem(self.queue.topLevelItem(self.queue.topLevelItemCount() - len(jobs)))
+
+    def show_job(self, job: FileJob) -> None:
+        self._shown_job = job
+        self.result.show_job(job)
+
+    def _on_job_changed(self, job: FileJob) -> None:
+        self.queue.update_job(job)
+        if job is self._shown_job:
+            self.result.set_summary(job)
+        if job.error:
+            self.show_error(f"{job.path.name}: {job.error}")
+
+    def _on_segment_added(self, job: FileJob, segment) -> None:
+        if job is self._shown_job:
+            self.result.append_segment(segment)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if _local_files(event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dragMoveEvent(self, event) -> None:
+        if _local_files(event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        paths = _local_files(event.mimeData().urls())
+        if paths:
+            event.acceptProposedAction()
+            self.add_files(paths)
+
+    # -- exports --
+
+    def _export_dir(self) -> str:
+        return self._settings.get(Key.EXPORT_DIR) or QStandardPaths.writableLocation(
+            QStandardPaths.StandardLocation.DocumentsLocation)
+
+    def _ask_path(self, fmt: str, stem: str) -> str:
+        default = str(Path(self._export_dir()) / f"{stem}.{fmt}")
+        path, _ = QFileDialog.getSaveFileName(self, f"Save as {fmt.upper()}", default, _FILTERS[fmt])
+        return path
+
+    def _ask_export_captions(self, fmt: str) -> None:
+        path = self._ask_path(fmt, "captions")
+        if path:
+            self.export_captions(fmt, path)
+
+    def _ask_export_job(self, fmt: str) -> None:
+        job = self._shown_job
+        path = self._ask_path(fmt, job.path.stem) if job is not None else ""
+        if path:
+            self.export_job(job, fmt, path)
+
+    def export_captions(self, fmt: str, path: str | Path) -> Path | None:
+        return self._save(path, fmt, self.live.transcript)
+
+    def export_job(self, job: FileJob, fmt: str, path: str | Path) -> Path | None:
+        return self._save(path, fmt, job.segments, job.info, job.timings)
+
+    def _save(self, path: str | Path, fmt: str, segments, info=None, timings=None) -> Path | None:
+        try:
+            saved = save_transcript(path, fmt, segments, info, timings)
+        except OSError as exc:
+            self.show_error(f"Cannot save {path}: {exc.strerror or exc}")
+            return None
+        self._settings.set(Key.EXPORT_DIR, str(saved.parent))
+        self.statusBar().showMessage(f"Saved {saved}", 5000)
+        return saved
+
+    # -- errors and closing --
+
+    @Slot(str)
+    def show_error(self, message: str) -> None:
+        """Errors go to the status bar: nothing modal, so work in progress carries on."""
+        self.last_error = message
+        logger.warning("%s", message)
+        self.statusBar().showMessage(f"{_ERROR_MARK} {message}")
+
+    def _showing_error(self) -> bool:
+        return self.statusBar().currentMessage().startswith(_ERROR_MARK)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self._settings.set(Key.GEOMETRY, self.saveGeometry())
+        self._settings.sync()
+        self.caption_window.close()
+        self.closing.emit()
+        super().closeEvent(event)

@@ -1,0 +1,183 @@
+"""Workers that run engine calls off the GUI thread.
+
+Each worker is a QObject moved to its own QThread (see `start_worker`). The engine's iterators are lazy,
+so a worker checks its stop flag (a `threading.Event`, set from the GUI thread) between the items they
+yield; an item in progress (a 30 s window, a live step) is always finished first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from aural.engine.errors import AuralError
+from aural.engine.models import resolve_model
+from aural.engine.runtime import WhisperModel
+from aural.engine.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
+from aural.engine.transcribe import TranscribeOptions, transcribe
+
+__all__ = ["FileWorker", "LiveWorker", "MeteredSource", "ModelLoader", "start_worker"]
+
+logger = logging.getLogger(__name__)
+
+
+def _describe(exc: Exception) -> str:
+    """One line for the user: engine errors are written for users, anything else is a bug worth naming."""
+    if isinstance(exc, AuralError):
+        return str(exc)
+    logger.exception("unexpected error in a worker")
+    return f"unexpected {type(exc).__name__}: {exc}"
+
+
+def start_worker(worker: QObject, parent: QObject) -> QThread:
+    """Run `worker.run` in a new thread that quits, and cleans both up, when the worker finishes."""
+    thread = QThread(parent)
+    # The Python wrapper owns the worker: were it collected before deleteLater ran, Python would delete
+    # the worker from the GUI thread while its own thread may still touch it. The thread's wrapper lives
+    # until the thread object is deleted, which Qt does only after the worker's deferred delete.
+    thread.worker = worker
+    worker.moveToThread(thread)
+    thread.started.connect(worker.run)
+    worker.finished.connect(thread.quit)
+    worker.finished.connect(worker.deleteLater)
+    thread.finished.connect(thread.deleteLater)
+    thread.start()
+    return thread
+
+
+class ModelLoader(QObject):
+    """Resolves (converting on first use) and loads one model."""
+
+    loaded = Signal(object)  # WhisperModel
+    failed = Signal(str)
+    finished = Signal()
+
+    def __init__(self, spec: str):
+        super().__init__()
+        self._spec = spec
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            self.loaded.emit(WhisperModel(resolve_model(self._spec)))  # the best device there is
+        except Exception as exc:  # noqa: BLE001 - reported to the user; the app keeps running
+            self.failed.emit(_describe(exc))
+        finally:
+            self.finished.emit()
+
+
+class FileWorker(QObject):
+    """Transcribes one file, emitting each segment as it is decoded."""
+
+    opened = Signal(object)  # TranscriptionInfo
+    progress = Signal(float, float)  # done_s, total_s
+    segment = Signal(object)  # Segment
+    done = Signal(object)  # Timings
+    cancelled = Signal()
+    failed = Signal(str)
+    finished = Signal()
+
+    def __init__(self, model: WhisperModel, path: str | Path, options: TranscribeOptions, kv_mode: str):
+        super().__init__()
+        self._model = model
+        self._path = path
+        self._options = options
+        self._kv_mode = kv_mode
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Thread-safe: the worker stops after the window it is decoding."""
+        self._stop.set()
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            self._transcribe()
+        except Exception as exc:  # noqa: BLE001 - reported to the user; the app keeps running
+            self.failed.emit(_describe(exc))
+        finally:
+            self.finished.emit()
+
+    def _transcribe(self) -> None:
+        if self._stop.is_set():
+            self.cancelled.emit()
+            return
+        result = transcribe(self._model, self._path, self._options, kv_mode=self._kv_mode,
+                            progress=self.progress.emit)
+        self.opened.emit(result.info)
+        segments = iter(result)
+        for segment in segments:
+            self.segment.emit(segment)
+            if self._stop.is_set():
+                segments.close()  # releases the native session now, not at garbage collection
+                self.cancelled.emit()
+                return
+        self.done.emit(result.timings)
+
+
+class MeteredSource:
+    """A capture source passed through unchanged, reporting the RMS of what each read returns.
+
+    The level is measured on the worker's side of the ring buffer, so it arrives when the engine reads:
+    every 0.1 s while it keeps up, in one piece after a long decode step.
+    """
+
+    def __init__(self, source, on_level: Callable[[float], None]):
+        self._source = source
+        self._on_level = on_level
+
+    def read(self, timeout_s: float = 0.1) -> np.ndarray | None:
+        samples = self._source.read(timeout_s)
+        if samples is not None and samples.size:
+            self._on_level(float(np.sqrt(np.mean(np.square(samples)))))
+        return samples
+
+    def __getattr__(self, name: str):
+        return getattr(self._source, name)
+
+
+class LiveWorker(QObject):
+    """Live captioning from an audio source until stopped."""
+
+    partial = Signal(object)  # streaming.Partial
+    commit = Signal(object)  # streaming.Commit
+    metrics = Signal(object)  # streaming.Metrics
+    level = Signal(float)  # RMS of the latest audio, 0..1
+    failed = Signal(str)
+    finished = Signal()
+
+    def __init__(self, model: WhisperModel, open_source: Callable[[], object], options: StreamOptions,
+                 kv_mode: str):
+        super().__init__()
+        self._model = model
+        self._open_source = open_source
+        self._options = options
+        self._kv_mode = kv_mode
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Thread-safe: the engine commits what it has and ends the stream at its next read."""
+        self._stop.set()
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            self._caption()
+        except Exception as exc:  # noqa: BLE001 - reported to the user; the app keeps running
+            self.failed.emit(_describe(exc))
+        finally:
+            self.finished.emit()
+
+    def _caption(self) -> None:
+        signals = {Partial: self.partial, Commit: self.commit, Metrics: self.metrics}
+        source = MeteredSource(self._open_source(), self.level.emit)
+        for event in live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop):
+            if isinstance(event, Error):
+                self.failed.emit(event.message)
+            else:
+                signals[type(event)].emit(event)

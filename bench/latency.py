@@ -1,0 +1,308 @@
+"""Live captioning latency: how long after a word is spoken it shows up tentatively, and when it is committed.
+
+Each English dev clip is replayed through `ReplaySource` at `--speed` (1.0: real-time pace, as from a
+microphone) into `streaming.live_events`. Word end times come from an offline run of the same clip
+(`transcribe`): each segment's [start, end] timestamps, spread over its words by character count (no
+forced alignment). A streamed word is matched to an offline word by aligning the two word sequences;
+its latencies are
+
+- partial: wall time of the first Partial that shows the word at its final position, minus the wall
+  time at which the replay "spoke" the word's end (the earlier of that and its commit, when a word was
+  committed without being shown first, e.g. at the end of the stream);
+- commit: wall time of the Commit containing it, minus the same.
+
+`--long-minutes N` also streams the dev clips concatenated to N minutes at speed 0 (throughput and
+memory: RSS after model load and at the end, RTF, WER). Runs under the project venv (.venv), since it
+imports Aural. Writes bench/results/latency.json and latency.md.
+
+Usage: .venv/bin/python bench/latency.py [--speed 1.0] [--clips a.wav,b.flac] [--long-minutes 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from difflib import SequenceMatcher
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, english_dev_clips, fmt, machine_info, md_table, word_errors  # noqa: E402
+
+from aural.engine.audio import load_audio  # noqa: E402
+from aural.engine.capture import ReplaySource  # noqa: E402
+from aural.engine.models import resolve_model  # noqa: E402
+from aural.engine.runtime import WhisperModel  # noqa: E402
+from aural.engine.streaming import Commit, Metrics, Partial, StreamOptions, live_events  # noqa: E402
+from aural.engine.transcribe import transcribe  # noqa: E402
+
+logger = logging.getLogger("bench.latency")
+
+TIMING_SOURCE = ("offline segment timestamps (transcribe, tiny.en), each word's end linearly interpolated "
+                 "by character count inside its segment; no forced alignment")
+SAMPLE_RATE = 16000
+GAP_S = 0.3  # silence between clips in the long run
+
+
+@dataclass
+class ClipResult:
+    """Latencies and costs of one replayed clip.
+
+    Attributes:
+        name: the clip's file name.
+        duration_s: seconds of audio.
+        words: offline words.
+        matched: offline words matched to a streamed word.
+        partial_s: per matched word, seconds from its spoken end to its first showing.
+        commit_s: per matched word, seconds from its spoken end to its commit.
+        wer_offline: WER of the offline transcript against the reference.
+        wer_stream: WER of the concatenated commits against the reference.
+        rtf_mean: streaming processing time over audio (from the last Metrics).
+        first_partial_s: wall seconds from the first speech read to the first partial.
+        n_steps: decode steps.
+        dropped_blocks: audio blocks the replay ring dropped.
+        encoder_ms: mean encoder time per step.
+    """
+
+    name: str
+    duration_s: float
+    words: int
+    matched: int = 0
+    partial_s: list[float] = field(default_factory=list)
+    commit_s: list[float] = field(default_factory=list)
+    wer_offline: float = 0.0
+    wer_stream: float = 0.0
+    rtf_mean: float = 0.0
+    first_partial_s: float | None = None
+    n_steps: int = 0
+    dropped_blocks: int = 0
+    encoder_ms: float = 0.0
+
+
+def _key(word: str) -> str:
+    return "".join(c for c in word.lower() if c.isalnum() or c == "'")
+
+
+def audio_path(clip) -> Path:
+    """The clip's file; for headerless PCM, its WAV copy (a replay reads only files with a header)."""
+    return clip.path.with_suffix(".16k.wav") if clip.raw_pcm else clip.path
+
+
+def offline_words(model: WhisperModel, path: Path) -> tuple[list[str], list[float], str]:
+    """(words, estimated end time of each word, full text) of the offline transcription."""
+    texts, ends = [], []
+    for segment in transcribe(model, path):
+        seg_words = segment.text.split()
+        total = max(1, sum(len(w) for w in seg_words))
+        done = 0
+        for w in seg_words:
+            done += len(w)
+            texts.append(w)
+            ends.append(segment.start + (segment.end - segment.start) * done / total)
+    return texts, ends, " ".join(texts)
+
+
+def stream_clip(model: WhisperModel, path: Path, speed: float, options: StreamOptions) -> tuple[list, float]:
+    """(timed events as (wall time, event), wall time of the replay's sample 0)."""
+    source = ReplaySource(path, speed=speed)
+    timed = [(time.monotonic(), event) for event in live_events(model, source, options)]
+    return timed, source.clock_start
+
+
+def word_times(timed: list) -> tuple[list[str], list[float], list[float]]:
+    """Streamed words in commit order, with each one's first showing and commit wall times."""
+    committed: list[str] = []
+    commit_at: list[float] = []
+    shown: dict[int, list[tuple[str, float]]] = {}  # position -> (key, wall time) of tentative showings
+    for wall, event in timed:
+        if isinstance(event, Partial):
+            for i, w in enumerate(event.text.split()):
+                shown.setdefault(len(committed) + i, []).append((_key(w), wall))
+        elif isinstance(event, Commit):
+            for w in event.text.split():
+                committed.append(w)
+                commit_at.append(wall)
+    first = [min([t for k, t in shown.get(j, []) if k == _key(w)] + [commit_at[j]])
+             for j, w in enumerate(committed)]
+    return committed, first, commit_at
+
+
+def measure_clip(model: WhisperModel, clip, speed: float, options: StreamOptions) -> ClipResult:
+    words, ends, text = offline_words(model, audio_path(clip))
+    timed, clock_start = stream_clip(model, audio_path(clip), speed, options)
+    streamed, first, committed_at = word_times(timed)
+    result = ClipResult(clip.name, clip.duration_s, len(words))
+    blocks = SequenceMatcher(None, [_key(w) for w in words], [_key(w) for w in streamed], autojunk=False)
+    for block in blocks.get_matching_blocks():
+        for i, j in zip(range(block.a, block.a + block.size), range(block.b, block.b + block.size)):
+            spoken = clock_start + ends[i] / speed
+            result.partial_s.append(first[j] - spoken)
+            result.commit_s.append(committed_at[j] - spoken)
+    result.matched = len(result.commit_s)
+    result.wer_offline = _wer(clip.reference, text)
+    result.wer_stream = _wer(clip.reference, " ".join(streamed))
+    _add_costs(result, [e for _, e in timed if isinstance(e, Metrics)])
+    return result
+
+
+def _wer(reference: str, hypothesis: str) -> float:
+    errors, n = word_errors(reference, hypothesis)
+    return errors / n if n else float("nan")
+
+
+def _add_costs(result: ClipResult, metrics: list[Metrics]) -> None:
+    last = metrics[-1]
+    result.rtf_mean = last.rtf_mean
+    result.first_partial_s = last.first_partial_s
+    result.n_steps = last.n_steps
+    result.dropped_blocks = last.dropped_blocks
+    decoded = [m.encoder_ms for m in metrics if m.n_tokens]
+    result.encoder_ms = float(np.mean(decoded)) if decoded else 0.0
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None}
+    return {"p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90))}
+
+
+# -- the long run ----------------------------------------------------------------------------------
+
+
+def rss_mb() -> float:
+    """Current resident set size (VmRSS) in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def long_audio(clips, minutes: float, folder: Path) -> tuple[Path, str]:
+    """The clips cycled with GAP_S of silence between them up to `minutes`, as a WAV, and its reference."""
+    pieces, refs, total = [], [], 0
+    gap = np.zeros(round(GAP_S * SAMPLE_RATE), dtype=np.float32)
+    while total < minutes * 60 * SAMPLE_RATE:
+        for clip in clips:
+            samples = load_audio(audio_path(clip))
+            pieces += [samples, gap]
+            refs.append(clip.reference)
+            total += samples.size + gap.size
+            if total >= minutes * 60 * SAMPLE_RATE:
+                break
+    path = folder / f"dev-{minutes:g}min.wav"
+    sf.write(path, np.concatenate(pieces), SAMPLE_RATE, subtype="PCM_16")
+    return path, " ".join(refs)
+
+
+def measure_long(model: WhisperModel, clips, minutes: float, options: StreamOptions) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        path, reference = long_audio(clips, minutes, Path(folder))
+        rss_start = rss_mb()
+        started = time.perf_counter()
+        events = list(live_events(model, ReplaySource(path, speed=0), options))
+        wall = time.perf_counter() - started
+    last = [e for e in events if isinstance(e, Metrics)][-1]
+    text = " ".join(e.text for e in events if isinstance(e, Commit))
+    windows = [e.window_s for e in events if isinstance(e, Metrics)]
+    return {"minutes": minutes, "audio_s": last.audio_s, "wall_s": wall, "rtf": wall / last.audio_s,
+            "n_steps": last.n_steps, "rss_start_mb": rss_start, "rss_end_mb": rss_mb(),
+            "peak_rss_mb": last.peak_rss_mb, "max_window_s": max(windows), "wer_stream": _wer(reference, text),
+            "dropped_blocks": last.dropped_blocks, "graph_builds": last.graph_builds,
+            "graph_reuses": last.graph_reuses}
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+
+def markdown(report: dict) -> str:
+    rows = [(r["name"], fmt(r["duration_s"], 1), f"{r['matched']}/{r['words']}",
+             fmt(percentiles(r["partial_s"])["p50"]), fmt(percentiles(r["partial_s"])["p90"]),
+             fmt(percentiles(r["commit_s"])["p50"]), fmt(percentiles(r["commit_s"])["p90"]),
+             fmt(r["rtf_mean"]), fmt(r["first_partial_s"]), fmt(r["encoder_ms"], 0), r["dropped_blocks"],
+             fmt(r["wer_offline"] * 100, 1), fmt(r["wer_stream"] * 100, 1))
+            for r in report["clips"]]
+    s = report["summary"]
+    rows.append(("**all**", fmt(s["audio_s"], 1), f"{s['matched']}/{s['words']}", fmt(s["partial"]["p50"]),
+                 fmt(s["partial"]["p90"]), fmt(s["commit"]["p50"]), fmt(s["commit"]["p90"]), fmt(s["rtf_mean"]),
+                 fmt(s["first_partial_median_s"]), fmt(s["encoder_ms"], 0), s["dropped_blocks"],
+                 fmt(s["wer_offline"] * 100, 1), fmt(s["wer_stream"] * 100, 1)))
+    header = ("clip", "audio s", "words matched", "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s",
+              "RTF", "first partial s", "encoder ms", "dropped", "WER offline %", "WER stream %")
+    parts = [f"# Live captioning latency ({report['model']}, {report['device']}, speed {report['speed']}, "
+             f"step {report['step_s']} s)", "", f"Word end times: {TIMING_SOURCE}.", "",
+             md_table(header, rows), "", f"Machine: {report['machine']}"]
+    if report.get("long"):
+        lr = report["long"]
+        parts += ["", f"## {lr['minutes']:g} minutes of dev clips at speed 0", "", md_table(
+            ("audio s", "wall s", "RTF", "steps", "RSS start MiB", "RSS end MiB", "peak RSS MiB", "max window s",
+             "WER stream %", "dropped"),
+            [(fmt(lr["audio_s"], 0), fmt(lr["wall_s"], 0), fmt(lr["rtf"]), lr["n_steps"], fmt(lr["rss_start_mb"], 0),
+              fmt(lr["rss_end_mb"], 0), fmt(lr["peak_rss_mb"], 0), fmt(lr["max_window_s"], 1),
+              fmt(lr["wer_stream"] * 100, 1), lr["dropped_blocks"])])]
+    return "\n".join(parts) + "\n"
+
+
+def summarize(results: list[ClipResult]) -> dict:
+    partial = [v for r in results for v in r.partial_s]
+    commit = [v for r in results for v in r.commit_s]
+    audio = sum(r.duration_s for r in results)
+    words = sum(r.words for r in results)
+    return {
+        "audio_s": audio, "words": words, "matched": sum(r.matched for r in results),
+        "partial": percentiles(partial), "commit": percentiles(commit),
+        "rtf_mean": sum(r.rtf_mean * r.duration_s for r in results) / audio,
+        "first_partial_median_s": float(np.median([r.first_partial_s for r in results if r.first_partial_s])),
+        "encoder_ms": float(np.mean([r.encoder_ms for r in results if r.encoder_ms])),
+        "dropped_blocks": sum(r.dropped_blocks for r in results),
+        # Word-weighted: errors over reference words, across clips.
+        "wer_offline": sum(r.wer_offline * r.words for r in results) / words,
+        "wer_stream": sum(r.wer_stream * r.words for r in results) / words,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--speed", type=float, default=1.0, help="replay pace (1.0 real time; 0 as fast as decoded)")
+    p.add_argument("--step", type=float, default=1.0, help="StreamOptions.step_s")
+    p.add_argument("--clips", help="comma-separated clip names (default: the 18 English dev clips)")
+    p.add_argument("--model", help="model name or .gguf path (default: the bundled tiny.en)")
+    p.add_argument("--long-minutes", type=float, default=0.0, help="also stream N minutes of clips at speed 0")
+    p.add_argument("--out", type=Path, default=RESULTS / "latency", help="output stem (.json and .md)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.speed <= 0:
+        p.error("--speed must be positive: latency needs a clock")
+    clips = english_dev_clips()
+    if args.clips:
+        clips = [c for c in clips if c.name in args.clips.split(",")]
+    model = WhisperModel(resolve_model(args.model))
+    options = StreamOptions(step_s=args.step)
+    results = []
+    for clip in clips:
+        results.append(measure_clip(model, clip, args.speed, options))
+        r = results[-1]
+        logger.info("%s: partial p50 %s s, commit p50 %s s, RTF %.2f, WER %.3f/%.3f", clip.name,
+                    fmt(percentiles(r.partial_s)["p50"]), fmt(percentiles(r.commit_s)["p50"]), r.rtf_mean,
+                    r.wer_offline, r.wer_stream)
+    report = {"model": model.name, "device": model.device, "backend": model.backend, "speed": args.speed,
+              "step_s": args.step, "timing_source": TIMING_SOURCE, "machine": machine_info(),
+              "clips": [asdict(r) for r in results], "summary": summarize(results)}
+    if args.long_minutes:
+        report["long"] = measure_long(model, english_dev_clips(), args.long_minutes, options)
+        logger.info("long run: %s", report["long"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    args.out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

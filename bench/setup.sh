@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Creates bench/.venv with the peer engines (faster-whisper, pywhispercpp) and the scoring tools.
+# Aural is not installed here: bench/run.py runs Aural from the project venv and the peers from this one,
+# each measurement in its own subprocess. Usage: bench/setup.sh [python3]
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="${1:-python3}"
+venv="$here/.venv"
+start=$(date +%s)
+if [[ ! -x "$venv/bin/python" ]]; then
+    "$python" -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip
+fi
+"$venv/bin/pip" install -q -r "$here/requirements.txt"
+"$venv/bin/python" - <<'PY'
+import ctranslate2, faster_whisper, jiwer, matplotlib, pywhispercpp.model, whisper_normalizer
+print("bench venv ok: faster-whisper", faster_whisper.__version__, "ctranslate2", ctranslate2.__version__)
+PY
+touch "$venv/.ok"
+echo "bench/setup.sh: done in $(( $(date +%s) - start )) s"

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Word error rate of Aural greedy on the 18 English dev clips, against faster-whisper int8 greedy on the
+same tiny.en weights (the issue's reference point: 6.6 %).
+
+Clips: shared/data/manifest.tsv rows with language en and a reference, without the DUPLICATE JFK
+recording. Text is normalised with openai-whisper's English normaliser (whisper_normalizer) and scored
+with jiwer. Reported: corpus WER (all errors / all reference words, the usual aggregate) and the mean of
+per-clip WERs. Each engine runs in one process over all clips (decoding settings as bench/worker.py).
+
+Outputs bench/results/wer.json and bench/results/wer.md.
+
+    .venv/bin/python bench/wer.py                    # aural + fw-int8
+    .venv/bin/python bench/wer.py --extra            # also aural KV host, fw float32, whisper.cpp
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from common import RESULTS, aural_python, fmt, md_table, run_prep, run_worker, word_errors  # noqa: E402
+
+BASE = ("aural", "fw-int8")
+EXTRA = ("aural-host", "fw-f32", "whispercpp")
+
+
+def configs(models: dict[str, str], device: str) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """id -> (label, python, worker spec without inputs)."""
+    bench_py = str(common.BENCH_PYTHON)
+    return {
+        "aural": ("Aural greedy (KV device)", aural_python(),
+                  {"engine": "aural", "model": models["gguf"], "kv_mode": "device", "device": device}),
+        "aural-host": ("Aural greedy (KV host)", aural_python(),
+                       {"engine": "aural", "model": models["gguf"], "kv_mode": "host", "device": device}),
+        "fw-int8": ("faster-whisper int8 greedy", bench_py,
+                    {"engine": "faster-whisper", "model": models["ct2_dir"], "compute_type": "int8"}),
+        "fw-f32": ("faster-whisper float32 greedy", bench_py,
+                   {"engine": "faster-whisper", "model": models["ct2_dir"], "compute_type": "float32"}),
+        "whispercpp": ("whisper.cpp greedy (ggml f16)", bench_py,
+                       {"engine": "whisper.cpp", "model": models["ggml"]}),
+    }
+
+
+def main(argv: list[str]) -> int:
+    common.ensure_bench_venv(Path(__file__).resolve(), argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--extra", action="store_true", help="also Aural KV host, fw float32 and whisper.cpp")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--aural-device", default="auto")
+    parser.add_argument("--name", default="wer", help="results file stem")
+    args = parser.parse_args(argv)
+
+    prep = run_prep(["--all-dev", "--wtype", "f16"])
+    audio = prep["audio"]
+    assert len(audio) == 18, f"expected the 18 English dev clips, got {len(audio)}"
+    all_configs = configs(prep, args.aural_device)
+    ids = list(BASE) + (list(EXTRA) if args.extra else [])
+    inputs = [{"key": k, "path": v["path"]} for k, v in audio.items()]
+
+    per_engine: dict[str, dict[str, Any]] = {}
+    for cid in ids:
+        label, python, spec = all_configs[cid]
+        print(f"wer: {label} on {len(inputs)} clips", file=sys.stderr, flush=True)
+        out = run_worker(python, {**spec, "threads": args.threads, "beam": 1, "warmup_s": 0, "inputs": inputs})
+        clips = {}
+        errors = words = 0
+        for r in out["results"]:
+            e, n = word_errors(audio[r["key"]]["reference"], r["text"])
+            errors, words = errors + e, words + n
+            clips[r["key"]] = {"wer": e / n if n else None, "errors": e, "ref_words": n, "text": r["text"],
+                               "processing_s": r["processing_s"]}
+        per_clip = [c["wer"] for c in clips.values() if c["wer"] is not None]
+        per_engine[cid] = {"label": label, "corpus_wer": errors / words if words else None,
+                           "mean_clip_wer": sum(per_clip) / len(per_clip) if per_clip else None,
+                           "errors": errors, "ref_words": words, "clips": clips,
+                           "processing_s_total": sum(c["processing_s"] for c in clips.values())}
+
+    meta = {"date": dt.datetime.now().isoformat(timespec="seconds"), "threads": args.threads,
+            "models": {k: prep[k] for k in ("ct2_dir", "gguf", "ggml")}, "machine": common.machine_info(),
+            "clips": {k: {"duration_s": v["duration_s"], "reference": v["reference"]} for k, v in audio.items()}}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "engines": per_engine}, indent=1))
+
+    lines = ["# WER on the 18 English dev clips (tiny.en, greedy)", "",
+             f"{meta['date']} · whisper_normalizer EnglishTextNormalizer + jiwer · corpus WER = all errors / "
+             "all reference words; mean = mean of per-clip WERs. Issue reference: faster-whisper int8 greedy "
+             "6.6 %.", ""]
+    lines += [md_table(["engine", "corpus WER %", "mean clip WER %", "errors / words", "total processing s"],
+                       [[e["label"], fmt(100 * e["corpus_wer"], 1), fmt(100 * e["mean_clip_wer"], 1),
+                         f"{e['errors']} / {e['ref_words']}", fmt(e["processing_s_total"], 1)]
+                        for e in per_engine.values()]), ""]
+    lines += ["## Per clip (WER %)", ""]
+    lines += [md_table(["clip", "s", *(e["label"] for e in per_engine.values())],
+                       [[k, fmt(v["duration_s"], 1),
+                         *(fmt(100 * e["clips"][k]["wer"], 1) if e["clips"][k]["wer"] is not None else "n/a"
+                           for e in per_engine.values())]
+                        for k, v in audio.items()]), ""]
+    diffs = [k for k in audio if len({e["clips"][k]["text"] for e in per_engine.values()}) > 1]
+    if diffs:
+        lines += ["## Where the transcripts differ", ""]
+        for k in diffs:
+            lines += [f"**{k}** — reference: {audio[k]['reference']}", ""]
+            lines += [f"- {e['label']}: {e['clips'][k]['text']}" for e in per_engine.values()]
+            lines.append("")
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines), encoding="utf-8")
+    for e in per_engine.values():
+        print(f"{e['label']}: corpus WER {100 * e['corpus_wer']:.1f} % "
+              f"(mean per clip {100 * e['mean_clip_wer']:.1f} %)", file=sys.stderr)
+    print(f"wer: wrote {RESULTS / (args.name + '.json')} and {RESULTS / (args.name + '.md')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,357 @@
+"""Live audio input: a microphone through PortAudio, or a file replayed at real-time pace.
+
+Both sources share one path: blocks are pushed into a preallocated ring buffer (by PortAudio's callback
+thread for the microphone, by a feeder thread for a replay) and the consumer drains it with `read()`.
+The push only copies and counts drops, so a slow consumer never blocks the audio thread; it loses whole
+blocks instead, which `dropped_blocks` reports. Resampling from a device's native rate happens in
+`read()`, on the consumer's thread.
+
+sounddevice is imported on first use: without libportaudio2 its import raises OSError, and without a
+sound server PortAudio reports no device; both become a `DeviceError` with a clear message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .audio import SAMPLE_RATE, Resampler16k, stream_audio
+from .errors import AudioError, DeviceError
+
+__all__ = ["InputDevice", "list_input_devices", "MicrophoneSource", "ReplaySource"]
+
+logger = logging.getLogger(__name__)
+
+# A device that delivered nothing for this long is treated as gone. Callbacks normally come every
+# block (0.1 s); a sound server's idle null sink renders in 2 s blocks (docs/testing-gui-and-audio.md).
+_STALL_S = 5.0
+
+
+def _sounddevice():
+    try:
+        import sounddevice
+    except OSError as exc:  # sounddevice raises OSError when the PortAudio library cannot be loaded
+        raise DeviceError(f"Audio input unavailable: {exc} (install libportaudio2)") from exc
+    return sounddevice
+
+
+@dataclass(frozen=True)
+class InputDevice:
+    """A capture device as PortAudio lists it.
+
+    Attributes:
+        index: PortAudio device index (what `MicrophoneSource(device=...)` takes).
+        name: the device's name.
+        default_samplerate: the device's native rate in Hz.
+        is_default: whether it is the default input device.
+    """
+
+    index: int
+    name: str
+    default_samplerate: float
+    is_default: bool
+
+
+def list_input_devices() -> list[InputDevice]:
+    """The devices with at least one input channel; empty when no sound server or card answers."""
+    sd = _sounddevice()
+    default = sd.default.device[0]
+    return [
+        InputDevice(int(d["index"]), str(d["name"]), float(d["default_samplerate"]), d["index"] == default)
+        for d in sd.query_devices()
+        if d["max_input_channels"] > 0
+    ]
+
+
+class _Ring:
+    """Single-producer, single-consumer float32 ring buffer.
+
+    The producer only advances `written`, the consumer only advances `read`; both are Python ints
+    whose updates are atomic under the GIL, so neither side takes a lock.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._data = np.zeros(capacity, dtype=np.float32)
+        self.written = 0
+        self.read = 0
+
+    @property
+    def available(self) -> int:
+        return self.written - self.read
+
+    def write(self, block: np.ndarray) -> bool:
+        """Copies `block` in; False (nothing copied) when it does not fit."""
+        n = block.shape[0]
+        if n > self.capacity - self.available:
+            return False
+        start = self.written % self.capacity
+        first = min(n, self.capacity - start)
+        self._data[start:start + first] = block[:first]
+        self._data[:n - first] = block[first:]
+        self.written += n
+        return True
+
+    def drain(self) -> np.ndarray:
+        """Everything written and not yet read, as a new array."""
+        n = self.available
+        start = self.read % self.capacity
+        first = min(n, self.capacity - start)
+        out = np.concatenate([self._data[start:start + first], self._data[:n - first]])
+        self.read += n
+        return out
+
+
+class _RingSource:
+    """The shared half of every source: the ring, `read()`, the drop counter and the error slot.
+
+    Attributes:
+        samplerate: rate of what `read()` returns (16000).
+        dropped_blocks: blocks lost because the ring was full or the device overflowed.
+        error: the `DeviceError`/`AudioError` that ended the source early, else None.
+        samples_read: 16 kHz samples returned by `read()` since `start()`.
+    """
+
+    def __init__(self, *, block_s: float, buffer_s: float):
+        if block_s <= 0 or buffer_s < block_s:
+            raise ValueError(f"need 0 < block_s <= buffer_s, got block_s={block_s}, buffer_s={buffer_s}")
+        self.samplerate = SAMPLE_RATE
+        self.block_s = block_s
+        self.buffer_s = buffer_s
+        self.dropped_blocks = 0
+        self.error: Exception | None = None
+        self.samples_read = 0
+        self._ring = _Ring(1)
+        self._resampler: Resampler16k | None = None
+        self._ready = threading.Event()  # set by every push and by the end of input
+        self._input_ended = True
+
+    # -- producer side (audio thread) --
+
+    def _push(self, block: np.ndarray) -> None:
+        if not self._ring.write(block):
+            self.dropped_blocks += 1
+        self._ready.set()
+
+    def _end_input(self, error: Exception | None = None) -> None:
+        if error is not None and self.error is None:
+            self.error = error
+        self._input_ended = True
+        self._ready.set()
+
+    # -- consumer side --
+
+    @property
+    def finished(self) -> bool:
+        """True once the input has ended (stop, end of file, error) and `read()` has returned it all."""
+        return self._input_ended and self._ring.available == 0
+
+    def start(self) -> None:
+        """Starts (or restarts) capturing; raises DeviceError/AudioError when the input cannot open."""
+        self.stop()
+        self.error = None
+        self.dropped_blocks = 0
+        self.samples_read = 0
+        self._ready.clear()
+        self._input_ended = False
+        try:
+            self._open()
+        except BaseException:
+            self._input_ended = True
+            raise
+
+    def read(self, timeout_s: float = 0.1) -> np.ndarray | None:
+        """The 16 kHz float32 samples captured since the last read; None when none came within timeout_s."""
+        if self._ring.available == 0 and not self._input_ended:
+            self._ready.wait(timeout_s)
+        self._ready.clear()  # before draining, so that a push during the drain sets it again
+        self._check_health()
+        raw = self._ring.drain()
+        self._after_drain()
+        samples = raw if self._resampler is None else self._resampler.process(raw)
+        if self._resampler is not None and self._input_ended and self._ring.available == 0:
+            samples = np.concatenate([samples, self._resampler.flush()])
+            self._resampler = None
+        if samples.size == 0:
+            return None
+        self.samples_read += samples.size
+        return samples
+
+    def stop(self) -> None:
+        """Stops capturing; what was captured can still be read. Safe to call twice."""
+        self._close()
+        self._end_input()
+
+    # -- per source --
+
+    def _open(self) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    def _check_health(self) -> None:
+        """Called by `read()`: ends the input when the producer died silently."""
+
+    def _after_drain(self) -> None:
+        """Called by `read()` after each drain: room was made in the ring."""
+
+
+class MicrophoneSource(_RingSource):
+    """A PortAudio input device, delivered as 16 kHz mono float32.
+
+    Opened at `samplerate` (16 kHz) when the device accepts it, else at its native rate (44.1/48 kHz);
+    any rate other than 16 kHz is resampled in `read()`. A device that vanishes (PortAudio error,
+    stream stopped behind our back, or no audio for 5 s) ends the source with `error` set to a
+    DeviceError; `start()` opens it again.
+
+    Attributes:
+        device: PortAudio index or name substring; None for the default input.
+        requested_rate: the capture rate tried first.
+        capture_rate: the rate the device was opened at (0 before `start()`).
+    """
+
+    def __init__(self, device: int | str | None = None, *, samplerate: int = SAMPLE_RATE, block_s: float = 0.1,
+                 buffer_s: float = 60.0):
+        super().__init__(block_s=block_s, buffer_s=buffer_s)
+        self.device = device
+        self.requested_rate = samplerate
+        self.capture_rate = 0
+        self._stream = None
+        self._stopping = False
+        self._health = (0, 0.0)  # (ring.written, monotonic time) when audio last arrived
+
+    def _open(self) -> None:
+        sd = _sounddevice()
+        try:
+            self.capture_rate = _capture_rate(sd, self.device, self.requested_rate)
+            self._ring = _Ring(round(self.buffer_s * self.capture_rate))
+            self._resampler = None if self.capture_rate == SAMPLE_RATE else Resampler16k(self.capture_rate)
+            self._stopping = False
+            self._stream = sd.InputStream(
+                device=self.device, samplerate=self.capture_rate, channels=1, dtype="float32",
+                blocksize=round(self.block_s * self.capture_rate), callback=self._callback,
+                finished_callback=self._ready.set,
+            )
+            self._stream.start()
+        except (sd.PortAudioError, ValueError) as exc:
+            self._stream = None
+            raise DeviceError(f"No microphone available: {exc}") from exc
+        self._health = (0, time.monotonic())
+        logger.info("capturing from %s at %d Hz", self._stream.device, self.capture_rate)
+
+    def _callback(self, indata, frames, time_info, status) -> None:
+        # PortAudio's thread: copy and count only (no allocation of buffers, no logging, no locks).
+        if status.input_overflow:
+            self.dropped_blocks += 1
+        self._push(indata[:, 0])
+
+    def _check_health(self) -> None:
+        if self._stream is None or self._input_ended:
+            return
+        if not self._stream.active and not self._stopping:
+            self._fail("the input device stopped (disconnected or PortAudio error)")
+            return
+        written, since = self._health
+        now = time.monotonic()
+        if self._ring.written != written:
+            self._health = (self._ring.written, now)
+        elif now - since > _STALL_S:
+            self._fail(f"the input device delivered no audio for {_STALL_S:.0f} s")
+
+    def _fail(self, reason: str) -> None:
+        logger.warning("microphone lost: %s", reason)
+        self._close()
+        self._end_input(DeviceError(f"Microphone lost: {reason}"))
+
+    def _close(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return
+        self._stopping = True
+        try:
+            stream.abort()  # abort, not stop: stop waits for buffers a dead server never completes
+            stream.close()
+        except Exception as exc:  # a vanished device may fail to close; it is gone either way
+            logger.debug("closing the input stream failed: %s", exc)
+
+
+def _capture_rate(sd, device: int | str | None, rate: int) -> int:
+    """`rate` when the device takes it, else its native rate (raises PortAudioError when there is none)."""
+    try:
+        sd.check_input_settings(device=device, samplerate=rate, channels=1, dtype="float32")
+        return rate
+    except (sd.PortAudioError, ValueError):
+        info = sd.query_devices(device, kind="input")
+        logger.info("%s does not take %d Hz; capturing at %d Hz", info["name"], rate, int(info["default_samplerate"]))
+        return int(info["default_samplerate"])
+
+
+class ReplaySource(_RingSource):
+    """An audio file played into the same ring as a microphone, for tests, benchmarks and demos.
+
+    Attributes:
+        path: the file (anything `audio.stream_audio` reads).
+        speed: 1.0 pushes each block when its last sample would have been spoken (real time), 2.0 twice
+            as fast; 0 pushes the next block only once the consumer has read the previous one, so the
+            consumer sees the file block by block, as fast as it reads, and nothing is ever dropped.
+        clock_start: time.monotonic() at which the replay's sample 0 was "spoken" (for latency).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, speed: float = 1.0, block_s: float = 0.1, buffer_s: float = 60.0):
+        if speed < 0:
+            raise ValueError(f"speed must be 0 (as fast as read) or positive, got {speed}")
+        super().__init__(block_s=block_s, buffer_s=buffer_s)
+        self.path = os.fspath(path)
+        self.speed = speed
+        self.clock_start = 0.0
+        self._halt = threading.Event()
+        self._drained = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _open(self) -> None:
+        blocks = stream_audio(self.path, chunk_s=self.block_s)  # a missing or non-audio file fails here
+        self._ring = _Ring(round(self.buffer_s * SAMPLE_RATE))
+        self._halt.clear()
+        self._drained.set()
+        self.clock_start = time.monotonic()
+        self._thread = threading.Thread(target=self._feed, args=(blocks,), name="aural-replay", daemon=True)
+        self._thread.start()
+
+    def _feed(self, blocks) -> None:
+        pushed = 0
+        try:
+            for block in blocks:
+                if not self._wait_turn(pushed + block.size):
+                    return
+                self._push(block)
+                pushed += block.size
+        except AudioError as exc:
+            self._end_input(exc)
+        finally:
+            self._end_input()
+
+    def _wait_turn(self, end_sample: int) -> bool:
+        """Waits until the block ending at `end_sample` is due; False when the replay was stopped."""
+        if self.speed > 0:
+            due = self.clock_start + end_sample / SAMPLE_RATE / self.speed
+            return not self._halt.wait(max(0.0, due - time.monotonic()))
+        while not self._drained.wait(0.1):
+            if self._halt.is_set():
+                return False
+        self._drained.clear()
+        return not self._halt.is_set()
+
+    def _after_drain(self) -> None:
+        self._drained.set()
+
+    def _close(self) -> None:
+        self._halt.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()

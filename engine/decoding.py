@@ -1,0 +1,343 @@
+"""Decoding one 30 s window: Whisper's prompt layout, logit filters, greedy or sampled tokens.
+
+The window must already be encoded (`Context.encode`). The decoder state lives in the native KV
+arena: the first call feeds the whole initial sequence at n_past=0, then one token per call. The
+logit filters and the sampling run in NumPy on the single (n_vocab,) row of each step, following
+openai-whisper decoding.py (DecodingTask, GreedyDecoder, SuppressBlank, SuppressTokens,
+ApplyTimestampRules) rule for rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .metrics import TokenTimer
+from .tokenizer import TIME_PRECISION, WhisperTokenizer
+
+__all__ = [
+    "DecodingOptions",
+    "DecodingResult",
+    "LogitFilter",
+    "apply_timestamp_rules",
+    "build_logit_filters",
+    "compression_ratio",
+    "decode_window",
+    "detect_language",
+    "initial_tokens",
+    "suppress_blank",
+    "suppress_tokens",
+]
+
+logger = logging.getLogger(__name__)
+
+# A filter masks one step's logits in place, given the tokens sampled so far in this window.
+LogitFilter = Callable[[np.ndarray, Sequence[int]], None]
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How to decode one window.
+
+    Attributes:
+        temperature: 0 for greedy (argmax); above 0, sample from softmax(logits / temperature).
+        sample_len: most tokens to sample; None means n_text_ctx // 2 (ref: openai-whisper
+            decoding.py DecodingTask.sample_len).
+        language: language code for multilingual models (None keeps the tokenizer's).
+        task: "transcribe" or "translate" (multilingual models only).
+        prompt: previous text (str) or tokens, fed after <|startofprev|> to condition the window.
+        prefix: text or tokens forced at the start of this window's output.
+        suppress_blank: forbid a blank (space or end of text) as the first sampled token.
+        suppress_tokens: ids to forbid at every step, comma-separated or a list; "-1" means the
+            non-speech symbols; None or "" disables the filter.
+        without_timestamps: add <|notimestamps|> and sample text only.
+        max_initial_timestamp: the first timestamp may not be later than this (seconds); None or
+            0 lifts the cap.
+        seed: seed of the NumPy generator used when temperature > 0 (None: fresh entropy).
+    """
+
+    temperature: float = 0.0
+    sample_len: int | None = None
+    language: str | None = None
+    task: str = "transcribe"
+    prompt: str | Sequence[int] | None = None
+    prefix: str | Sequence[int] | None = None
+    suppress_blank: bool = True
+    suppress_tokens: str | Sequence[int] | None = "-1"
+    without_timestamps: bool = False
+    max_initial_timestamp: float | None = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class DecodingResult:
+    """What one window decoded to.
+
+    Attributes:
+        tokens: sampled tokens, timestamps included, without the final <|endoftext|>.
+        text: the decoded text of `tokens`, stripped.
+        avg_logprob: sum_logprob / (len(tokens) + 1): the +1 counts the end-of-text token (ref:
+            openai-whisper decoding.py DecodingTask.run).
+        sum_logprob: summed log-probabilities of the sampled tokens under the filtered logits.
+        no_speech_prob: probability of the no-speech token at the <|startoftranscript|> position.
+        temperature: the temperature used.
+        compression_ratio: zlib compression ratio of `text` (high means repetitive).
+        language: the language code of the start sequence (None for English-only models).
+        timer: per-token native and sampling timings of this decode.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    avg_logprob: float = float("nan")
+    sum_logprob: float = 0.0
+    no_speech_prob: float = float("nan")
+    temperature: float = 0.0
+    compression_ratio: float = float("nan")
+    language: str | None = None
+    timer: TokenTimer = field(default_factory=TokenTimer)
+
+
+def compression_ratio(text: str) -> float:
+    """UTF-8 length over zlib-compressed length (ref: openai-whisper utils.py compression_ratio)."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data))
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    top = np.max(x)
+    if not np.isfinite(top):
+        return np.full_like(x, -np.inf)
+    shifted = x - top
+    return shifted - np.log(np.sum(np.exp(shifted)))
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    top = np.max(x) if x.size else -np.inf
+    if not np.isfinite(top):
+        return float(top)
+    return float(top + np.log(np.sum(np.exp(x - top))))
+
+
+# -- logit filters ---------------------------------------------------------------------------------
+
+
+def suppress_blank(tokenizer: WhisperTokenizer) -> LogitFilter:
+    """At the first sampled position, forbid the space token and end of text so that a window never
+    opens blank (ref: openai-whisper decoding.py SuppressBlank)."""
+    blank = [*tokenizer.encode(" "), tokenizer.eot]
+
+    def apply(logits: np.ndarray, sampled: Sequence[int]) -> None:
+        if not sampled:
+            logits[blank] = -np.inf
+
+    return apply
+
+
+def suppress_tokens(ids: Sequence[int]) -> LogitFilter:
+    """Forbid the given ids at every step (ref: openai-whisper decoding.py SuppressTokens)."""
+    index = np.asarray(ids, dtype=np.int64)
+
+    def apply(logits: np.ndarray, sampled: Sequence[int]) -> None:
+        logits[index] = -np.inf
+
+    return apply
+
+
+def apply_timestamp_rules(tokenizer: WhisperTokenizer, max_initial_timestamp_index: int | None) -> LogitFilter:
+    """Whisper's timestamp grammar (ref: openai-whisper decoding.py ApplyTimestampRules).
+
+    - <|notimestamps|> is never sampled (without_timestamps is done by the prompt instead).
+    - Timestamps come in pairs: after a lone timestamp only another timestamp or end of text may
+      follow; after a pair, only text.
+    - Timestamps never decrease, and a segment after a pair must be longer than zero.
+    - The first sampled token is a timestamp, no later than max_initial_timestamp_index.
+    - When the timestamps together are more probable than the best text token, sample a timestamp.
+    """
+    ts_begin, eot = tokenizer.timestamp_begin, tokenizer.eot
+    no_timestamps = tokenizer.no_timestamps
+
+    def apply(logits: np.ndarray, sampled: Sequence[int]) -> None:
+        logits[no_timestamps] = -np.inf
+        last_was_ts = len(sampled) >= 1 and sampled[-1] >= ts_begin
+        penultimate_was_ts = len(sampled) < 2 or sampled[-2] >= ts_begin
+        if last_was_ts:
+            if penultimate_was_ts:
+                logits[ts_begin:] = -np.inf  # a pair just closed: text must follow
+            else:
+                logits[:eot] = -np.inf  # a lone timestamp: close the pair or end
+        stamps = [t for t in sampled if t >= ts_begin]
+        if stamps:
+            # A lone timestamp may be repeated to close the pair; otherwise strictly later.
+            floor = stamps[-1] if last_was_ts and not penultimate_was_ts else stamps[-1] + 1
+            logits[ts_begin:floor] = -np.inf
+        if not sampled:
+            logits[:ts_begin] = -np.inf
+            if max_initial_timestamp_index is not None:
+                logits[ts_begin + max_initial_timestamp_index + 1:] = -np.inf
+        logprobs = _log_softmax(logits)
+        if _logsumexp(logprobs[ts_begin:]) > np.max(logprobs[:ts_begin]):
+            logits[:ts_begin] = -np.inf
+
+    return apply
+
+
+def build_logit_filters(tokenizer: WhisperTokenizer, options: DecodingOptions) -> list[LogitFilter]:
+    """The filters of `options`, in openai-whisper's order: blank, suppressed ids, timestamps."""
+    filters: list[LogitFilter] = []
+    if options.suppress_blank:
+        filters.append(suppress_blank(tokenizer))
+    if options.suppress_tokens:
+        filters.append(suppress_tokens(tokenizer.suppress_tokens(options.suppress_tokens)))
+    if not options.without_timestamps:
+        index = None
+        if options.max_initial_timestamp:
+            index = round(options.max_initial_timestamp / TIME_PRECISION)
+        filters.append(apply_timestamp_rules(tokenizer, index))
+    return filters
+
+
+# -- the prompt ------------------------------------------------------------------------------------
+
+
+def _as_tokens(tokenizer: WhisperTokenizer, value: str | Sequence[int]) -> list[int]:
+    # Text prompts get a leading space, as a continuation of running text would have.
+    if isinstance(value, str):
+        return tokenizer.encode(" " + value.strip())
+    return [int(t) for t in value]
+
+
+def initial_tokens(tokenizer: WhisperTokenizer, options: DecodingOptions, n_text_ctx: int) -> list[int]:
+    """[<|startofprev|>, last n_text_ctx//2 - 1 prompt tokens] + start sequence (+ <|notimestamps|>)
+    + prefix (ref: openai-whisper decoding.py DecodingTask._get_initial_tokens).
+
+    The prefix keeps its last n_text_ctx//2 - 1 tokens so that half the context stays for sampling.
+    """
+    sot = tokenizer.sot_sequence_including_notimestamps if options.without_timestamps else tokenizer.sot_sequence
+    tokens = list(sot)
+    if options.prefix:
+        tokens += _as_tokens(tokenizer, options.prefix)[-(n_text_ctx // 2 - 1):]
+    if options.prompt:
+        prompt = _as_tokens(tokenizer, options.prompt)[-(n_text_ctx // 2 - 1):]
+        tokens = [tokenizer.sot_prev, *prompt, *tokens]
+    return tokens
+
+
+# -- sampling --------------------------------------------------------------------------------------
+
+
+class _Sampler:
+    """Greedy at temperature 0; otherwise a draw from softmax(logits / T) by the Gumbel-max trick,
+    which equals a categorical draw and needs no normalisation."""
+
+    def __init__(self, temperature: float, seed: int | None):
+        self.temperature = temperature
+        self.rng = np.random.default_rng(seed) if temperature > 0 else None
+
+    def pick(self, logits: np.ndarray) -> int:
+        if self.rng is None:
+            return int(np.argmax(logits))
+        noise = self.rng.gumbel(size=logits.shape[0])
+        return int(np.argmax(logits.astype(np.float64) / self.temperature + noise))
+
+
+def _step(row: np.ndarray, sampled: list[int], filters: list[LogitFilter], sampler: _Sampler) -> tuple[int, float]:
+    """Filters one step's logits, picks the token, returns it with its log-probability under the
+    filtered, untempered logits (ref: openai-whisper decoding.py GreedyDecoder.update)."""
+    logits = np.array(row, dtype=np.float32)
+    for apply in filters:
+        apply(logits, sampled)
+    token = sampler.pick(logits)
+    return token, float(_log_softmax(logits)[token])
+
+
+def _no_speech_prob(row: np.ndarray, tokenizer: WhisperTokenizer) -> float:
+    return float(np.exp(_log_softmax(row)[tokenizer.no_speech]))
+
+
+def _tokenizer_for(tokenizer: WhisperTokenizer, options: DecodingOptions) -> WhisperTokenizer:
+    if not tokenizer.multilingual:
+        return tokenizer
+    language = options.language or tokenizer.language
+    if (language, options.task) == (tokenizer.language, tokenizer.task):
+        return tokenizer
+    return tokenizer.with_options(language=language, task=options.task)
+
+
+def decode_window(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_text_ctx: int) -> DecodingResult:
+    """Decodes the window last encoded in `ctx` (a `_native.Context`).
+
+    The first call feeds the whole initial sequence at n_past=0 and asks for logits at the
+    <|startoftranscript|> position (no-speech probability) and at the last position; then one token
+    per call. Decoding stops at end of text, after `sample_len` tokens, or when the next token would
+    not fit the text context (ref: openai-whisper decoding.py DecodingTask._main_loop).
+    """
+    tokenizer = _tokenizer_for(tokenizer, options)
+    initial = initial_tokens(tokenizer, options, n_text_ctx)
+    sample_len = options.sample_len or n_text_ctx // 2
+    capacity = min(n_text_ctx, int(ctx.stats.get("kv_capacity_tokens", n_text_ctx)) or n_text_ctx)
+    filters = build_logit_filters(tokenizer, options)
+    sampler = _Sampler(options.temperature, options.seed)
+    timer = TokenTimer()
+
+    sot_index = initial.index(tokenizer.sot)
+    rows = sorted({sot_index, len(initial) - 1})
+    logits = ctx.decode(np.asarray(initial, dtype=np.int32), 0, rows)
+    timer.add_call(ctx.last_timings)
+    no_speech_prob = _no_speech_prob(logits[rows.index(sot_index)], tokenizer)
+    row = logits[-1]
+
+    n_past = len(initial)
+    sampled: list[int] = []
+    sum_logprob = 0.0
+    for step in range(sample_len):
+        if step > 0:
+            if n_past >= capacity:
+                logger.debug("text context full after %s tokens", n_past)
+                break
+            row = ctx.decode(np.asarray(sampled[-1:], dtype=np.int32), n_past)[0]
+            timer.add_call(ctx.last_timings)
+            n_past += 1
+        start = time.perf_counter()
+        token, logprob = _step(row, sampled, filters, sampler)
+        timer.add_sampling(time.perf_counter() - start)
+        sum_logprob += logprob
+        if token == tokenizer.eot:
+            break
+        sampled.append(token)
+
+    text = tokenizer.decode(sampled).strip()
+    return DecodingResult(
+        tokens=sampled,
+        text=text,
+        avg_logprob=sum_logprob / (len(sampled) + 1),
+        sum_logprob=sum_logprob,
+        no_speech_prob=no_speech_prob,
+        temperature=options.temperature,
+        compression_ratio=compression_ratio(text),
+        language=tokenizer.language,
+        timer=timer,
+    )
+
+
+def detect_language(ctx, tokenizer: WhisperTokenizer) -> tuple[str, dict[str, float]]:
+    """Most probable language of the window last encoded in `ctx`, with every language's probability.
+
+    One decoder step on <|startoftranscript|>, all but the language tokens masked (ref:
+    openai-whisper decoding.py detect_language). Raises ValueError for English-only models.
+    """
+    codes = tokenizer.language_tokens_to_codes
+    if not codes:
+        raise ValueError("an English-only model cannot detect the language")
+    row = ctx.decode(np.asarray([tokenizer.sot], dtype=np.int32), 0)[0]
+    ids = np.fromiter(codes, dtype=np.int64)
+    probs = np.exp(_log_softmax(row[ids]))
+    by_code = {codes[int(t)]: float(p) for t, p in zip(ids, probs)}
+    best = max(by_code, key=by_code.get)
+    logger.info("detected language %s (p=%.2f)", best, by_code[best])
+    return best, by_code

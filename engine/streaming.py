@@ -1,0 +1,572 @@
+"""Live captions from a growing audio window, confirmed by LocalAgreement-2.
+
+Every `step_s` of new audio the window (from the last trim point to now) is encoded and decoded again,
+prompted with the committed text that has scrolled out of it. Words on which the last two hypotheses
+agree (after the words already committed) are committed: LocalAgreement-2, Macháček, Dabre and Bojar
+2023, "Turning Whisper into Real-Time Transcription System" (ufal/whisper_streaming). The window is cut
+at the end of a Whisper segment whose words are all committed once it is longer than `trim_s`, and the
+whole tentative tail is committed on a pause of `min_silence_commit_s` and when the stream ends. A
+Silero VAD gate keeps silence and noise away from the decoder.
+
+One native `Context` serves the whole stream: its KV arena, cross K/V and decoder graphs are reused by
+every step. The encoder takes exactly 3000 mel frames, so every window is zero-padded to 30 s and the
+encoder costs the same at every step; the decode grows with the window's text.
+
+Word times are estimates: each Whisper segment's time span is spread over its words by character count.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from itertools import accumulate
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Sequence, Union
+
+import numpy as np
+
+from .decoding import DecodingOptions, DecodingResult, decode_window
+from .errors import AuralError
+from .features import N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from .metrics import TokenTimer, peak_rss_mb
+from .runtime import WhisperModel
+from .tokenizer import TIME_PRECISION, WhisperTokenizer
+from .vad import FRAME_SAMPLES, SpeechGate, VadOptions
+
+__all__ = ["Partial", "Commit", "Metrics", "Error", "Event", "StreamOptions", "event_dict", "live_events"]
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+
+
+# -- events ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Partial:
+    """The tentative text after the last commit; the next step may change it.
+
+    Attributes:
+        text: the unconfirmed words ("" when everything decoded is committed).
+        audio_end_s: seconds of input consumed when this hypothesis was decoded.
+    """
+
+    text: str
+    audio_end_s: float
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Text that is final: later steps never change or repeat it.
+
+    Attributes:
+        text: the committed words, space-separated, with Whisper's punctuation.
+        start: estimated start of the first word, seconds from the start of the input.
+        end: estimated end of the last word.
+    """
+
+    text: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Costs after one decode step (and a last one when the stream ends).
+
+    Attributes:
+        audio_s: seconds of input consumed.
+        window_s: length of the window decoded.
+        n_steps: decode steps so far.
+        step_ms: wall time of this step (mel, encoder, decoder, agreement).
+        rtf: processing time over audio advanced, across the last `StreamOptions.rtf_steps` steps.
+        rtf_mean: the same over the whole stream so far.
+        encoder_ms: native encoder time of this step.
+        n_tokens: decoder calls of this step (one per token; the prompt batch counts once).
+        decode_ms_per_token: decoder wall per call: compute + KV/IO + logits read-back + sampling.
+        compute_ms_per_token: native graph compute per call.
+        kv_io_ms_per_token: host<->device KV traffic per call (0 with the KV arena on the device).
+        kv_tokens: KV arena cells in use after this step.
+        kv_mib: MiB of the KV arena those cells occupy.
+        graph_builds: decoder graphs built over the stream.
+        graph_reuses: decoder graphs reused over the stream.
+        first_partial_s: wall seconds from reading the first speech to the first non-empty Partial.
+        commit_lag_s: input consumed minus the end of the last commit, seconds of audio.
+        dropped_blocks: audio blocks the source lost.
+        backend: the model's primary ggml backend.
+        device: the device it runs on.
+        kv_mode: "device" or "host".
+        fallback_ops: ops the primary backend could not run (scheduled elsewhere).
+        peak_rss_mb: peak resident memory of the process.
+    """
+
+    audio_s: float
+    window_s: float
+    n_steps: int
+    step_ms: float
+    rtf: float
+    rtf_mean: float
+    encoder_ms: float
+    n_tokens: int
+    decode_ms_per_token: float
+    compute_ms_per_token: float
+    kv_io_ms_per_token: float
+    kv_tokens: int
+    kv_mib: float
+    graph_builds: int
+    graph_reuses: int
+    first_partial_s: float | None
+    commit_lag_s: float | None
+    dropped_blocks: int
+    backend: str
+    device: str
+    kv_mode: str
+    fallback_ops: tuple[str, ...] = ()
+    peak_rss_mb: float = 0.0
+
+
+@dataclass(frozen=True)
+class Error:
+    """A problem that ended or interrupted the stream (e.g. the microphone vanished).
+
+    Attributes:
+        message: one line for the user.
+    """
+
+    message: str
+
+
+Event = Union[Partial, Commit, Metrics, Error]
+
+_EVENT_TYPES = {Partial: "partial", Commit: "commit", Metrics: "metrics", Error: "error"}
+
+
+def event_dict(event: Event) -> dict:
+    """The event as a JSON-ready dict: {"type": "partial" | "commit" | "metrics" | "error", ...fields}."""
+    return {"type": _EVENT_TYPES[type(event)], **asdict(event)}
+
+
+# -- options ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How the live stream decodes and commits.
+
+    Attributes:
+        step_s: new audio between two decodes (0.5-1.0 s: shorter gives earlier partials, costs an
+            encoder run each).
+        max_step_s: most new audio one step takes in when the engine falls behind real time.
+        trim_s: once the window is longer than this, cut it at the end of a fully committed segment
+            (ref: whisper_streaming's buffer_trimming_sec, 15 s).
+        max_window_s: longest window; past it the completed segments are committed unconfirmed and
+            cut, so the window stays well under Whisper's 30 s.
+        min_silence_commit_s: a pause of this long (VAD) commits the tentative tail.
+        min_silence_reset_s: after a pause this long the window restarts at the silence (the text
+            before it becomes the prompt).
+        min_speech_s: speech (VAD) needed in the window before it is decoded at all.
+        preroll_s: audio kept before the speech onset, so the first word is not clipped.
+        prompt_chars: most characters of scrolled-out committed text fed as the prompt (ref:
+            whisper_streaming OnlineASRProcessor.prompt, 200).
+        language: language code for multilingual models (None: the tokenizer's).
+        no_speech_threshold: a hypothesis with a higher no-speech probability and an average
+            log-probability under `logprob_threshold` counts as silence (ref: openai-whisper).
+        logprob_threshold: see `no_speech_threshold`.
+        compression_ratio_threshold: a hypothesis compressing better than this is a repetition
+            loop and is discarded (ref: openai-whisper, 2.4).
+        rtf_steps: steps the running RTF averages over.
+        vad: the speech gate's hysteresis.
+    """
+
+    step_s: float = 1.0
+    max_step_s: float = 5.0
+    trim_s: float = 12.0
+    max_window_s: float = 20.0
+    min_silence_commit_s: float = 2.0
+    min_silence_reset_s: float = 4.0
+    min_speech_s: float = 0.25
+    preroll_s: float = 0.3
+    prompt_chars: int = 200
+    language: str | None = None
+    no_speech_threshold: float = 0.6
+    logprob_threshold: float = -1.0
+    compression_ratio_threshold: float = 2.4
+    rtf_steps: int = 10
+    vad: VadOptions = field(default_factory=VadOptions)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.step_s <= self.max_step_s:
+            raise ValueError(f"need 0 < step_s <= max_step_s, got {self.step_s}, {self.max_step_s}")
+        if not self.trim_s <= self.max_window_s <= N_SAMPLES / SAMPLE_RATE - self.max_step_s:
+            raise ValueError("need trim_s <= max_window_s <= 30 s - max_step_s, so that a window never "
+                             f"outgrows the encoder; got {self.trim_s}, {self.max_window_s}, {self.max_step_s}")
+
+
+# -- hypotheses ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Word:
+    """A word of a hypothesis, with its estimated span in seconds from the start of the input."""
+
+    text: str
+    start: float
+    end: float
+
+    @property
+    def key(self) -> str:
+        # Agreement ignores case and punctuation: "Americans," then "Americans" is the same word.
+        return "".join(c for c in self.text.lower() if c.isalnum() or c == "'")
+
+
+@dataclass(frozen=True)
+class _Hypothesis:
+    """One decode of the window: its words, and where its closed segments end.
+
+    Attributes:
+        words: the words in order.
+        cuts: (number of words before the cut, time of the cut in input seconds) at each closed segment.
+    """
+
+    words: list[_Word]
+    cuts: list[tuple[int, float]]
+
+
+def _spread(texts: list[str], start: float, end: float) -> list[_Word]:
+    """Words of one segment with times interpolated by character count inside [start, end]."""
+    edges = np.concatenate([[0], np.cumsum([len(t) for t in texts])]) / max(1, sum(len(t) for t in texts))
+    times = start + (end - start) * edges
+    return [_Word(t, float(times[i]), float(times[i + 1])) for i, t in enumerate(texts)]
+
+
+def _parse(tokens: Sequence[int], tokenizer: WhisperTokenizer, offset_s: float, window_s: float) -> _Hypothesis:
+    """Splits timestamped tokens into words; an unclosed last segment runs to the window's end."""
+    words: list[_Word] = []
+    cuts: list[tuple[int, float]] = []
+    start, text = 0.0, []
+    for token in tokens:
+        if token < tokenizer.timestamp_begin:
+            text.append(token)
+            continue
+        stamp = (token - tokenizer.timestamp_begin) * TIME_PRECISION
+        if text:
+            words += _spread(tokenizer.decode(text).split(), offset_s + start, offset_s + stamp)
+            cuts.append((len(words), offset_s + stamp))
+            text = []
+        start = stamp
+    if text:
+        words += _spread(tokenizer.decode(text).split(), offset_s + start, offset_s + max(start, window_s))
+    return _Hypothesis(words, cuts)
+
+
+def _prefix_distances(a: str, b: str) -> np.ndarray:
+    """Levenshtein distance from `a` to every prefix b[:j], j = 0..len(b), one DP row per char of `a`.
+
+    The insertion step row[j] = min(row[j - 1] + 1, x[j]) is a running minimum of x[j] - j, plus j.
+    """
+    idx = np.arange(len(b) + 1)
+    codes = np.array([ord(c) for c in b], dtype=np.int64)
+    row = idx.copy()
+    for i, char in enumerate(a, 1):
+        best = np.empty_like(row)
+        best[0] = i
+        best[1:] = np.minimum(row[:-1] + (codes != ord(char)), row[1:] + 1)
+        row = np.minimum.accumulate(best - idx) + idx
+    return row
+
+
+def _skip_committed(committed: Sequence[_Word], words: Sequence[_Word]) -> int:
+    """How many leading words of a new hypothesis repeat the committed words still in the window.
+
+    The new hypothesis starts at the same audio as those words, so it normally repeats them, but it
+    may hear them differently ("stuff it" then "stuffed"). The split is the word boundary whose
+    prefix is closest, in characters, to the committed text, so a changed word neither repeats nor
+    swallows the next one.
+    """
+    if not committed:
+        return 0
+    keys = [w.key for w in words]
+    distances = _prefix_distances("".join(w.key for w in committed), "".join(keys))
+    ends = [0, *accumulate(len(k) for k in keys)]
+    # Ties go to the word count nearest the committed one.
+    return min(range(len(ends)), key=lambda k: (distances[ends[k]], abs(k - len(committed))))
+
+
+def _agreement(previous: Sequence[_Word], current: Sequence[_Word]) -> int:
+    """Length of the longest common prefix of two tentative tails (LocalAgreement-2)."""
+    n = 0
+    for a, b in zip(previous, current):
+        if a.key != b.key:
+            break
+        n += 1
+    return n
+
+
+def _window_mel(samples: np.ndarray, model: WhisperModel) -> np.ndarray:
+    """(n_mels, 3000) log-mel of the window zero-padded to 30 s, as openai-whisper pads every window."""
+    mel = log_mel_spectrogram(samples, model.n_mels, filters=model.mel_filters, padding=N_SAMPLES - samples.size)
+    return np.ascontiguousarray(mel[:, :N_FRAMES], dtype=np.float32)
+
+
+# -- the stream ------------------------------------------------------------------------------------
+
+
+class _Stream:
+    """The window, the VAD gate, the committed words and the running costs of one live stream."""
+
+    def __init__(self, model: WhisperModel, options: StreamOptions, kv_mode: str):
+        self.model = model
+        self.options = options
+        self.kv_mode = kv_mode
+        self.ctx = model.new_session(kv_mode=kv_mode)
+        self.gate = SpeechGate(options.vad)
+        self.audio = np.zeros(0, dtype=np.float32)  # the window
+        self.window_start = 0  # input sample index of audio[0]
+        self.total = 0  # input samples consumed
+        self.decoded_upto = 0  # input sample index of the window's end at the last decode
+        self.speech_samples = 0  # VAD speech in the window since it was last reset
+        self.fresh_speech = False  # VAD speech fed since the last decode
+        self.silence_from: int | None = 0  # input sample index where the gate last closed
+        self.committed: list[_Word] = []
+        self.in_window = 0  # the last `in_window` committed words lie inside the window
+        self.tail: list[_Word] = []  # the previous hypothesis' uncommitted words
+        self.costs: deque[tuple[float, float]] = deque(maxlen=options.rtf_steps)  # (busy s, audio s)
+        self.busy_s = 0.0
+        self.reported_audio_s = 0.0
+        self.n_steps = 0
+        self.onset_read_at: float | None = None
+        self.first_partial_s: float | None = None
+        self.dropped_blocks = 0
+
+    # -- input --
+
+    def feed(self, samples: np.ndarray) -> None:
+        """Appends new input to the window and runs it through the VAD gate."""
+        self.audio = np.concatenate([self.audio, samples])
+        self.total += samples.size
+        for frame in self.gate.process(samples):
+            if frame.speech:
+                self.speech_samples += FRAME_SAMPLES
+                self.fresh_speech = True
+                self.silence_from = None
+                if self.onset_read_at is None:
+                    self.onset_read_at = time.monotonic()
+            elif self.silence_from is None:
+                self.silence_from = frame.start
+        if self.speech_samples == 0:
+            self._cut(max(self.window_start, self.total - round(self.options.preroll_s * SAMPLE_RATE)))
+
+    def _active(self) -> bool:
+        return self.speech_samples >= self.options.min_speech_s * SAMPLE_RATE
+
+    def _silent_for(self, seconds: float) -> bool:
+        return self.silence_from is not None and self.total - self.silence_from >= seconds * SAMPLE_RATE
+
+    # -- steps --
+
+    def poll(self) -> Iterator[Event]:
+        """Whatever is due after new input: a pause commit, a window reset, a decode step, or nothing."""
+        o = self.options
+        if self._silent_for(o.min_silence_commit_s) and (self.tail or (self.fresh_speech and self._active())):
+            yield from self.flush()
+        elif self._silent_for(o.min_silence_reset_s) and self.speech_samples:
+            self._reset_window()
+        elif self._active() and self.fresh_speech and self.total - self.decoded_upto >= o.step_s * SAMPLE_RATE:
+            yield from self._step()
+
+    def _step(self) -> Iterator[Event]:
+        started = time.perf_counter()
+        hyp, result = self._decode()
+        done = _skip_committed(self._committed_in_window(), hyp.words)
+        tail = hyp.words[done:]
+        agreed = _agreement(self.tail, tail)
+        if agreed:
+            yield self._commit(tail[:agreed])
+        self.tail = tail[agreed:]
+        yield from self._trim(hyp, done + agreed)
+        yield from self._report(started, result)
+
+    def flush(self) -> Iterator[Event]:
+        """Commits the whole tentative tail, decoding the newest speech first. The window (and so the
+        acoustic context of the next words) is kept."""
+        started = time.perf_counter()
+        result = None
+        if self.fresh_speech and self._active():
+            hyp, result = self._decode()
+            self.tail = hyp.words[_skip_committed(self._committed_in_window(), hyp.words):]
+        if self.tail:
+            yield self._commit(self.tail)
+        self.tail = []
+        if result is not None:
+            yield from self._report(started, result)
+
+    def _reset_window(self) -> None:
+        """After a long silence with everything committed: keep only the pre-roll."""
+        self.in_window = 0
+        self.speech_samples = 0
+        self.fresh_speech = False
+        self._cut(max(self.window_start, self.total - round(self.options.preroll_s * SAMPLE_RATE)))
+
+    def _committed_in_window(self) -> list[_Word]:
+        return self.committed[len(self.committed) - self.in_window:]
+
+    def _decode(self) -> tuple[_Hypothesis, DecodingResult]:
+        self.ctx.encode(_window_mel(self.audio, self.model))
+        o = self.options
+        options = DecodingOptions(language=o.language, prompt=self._prompt() or None, without_timestamps=False)
+        result = decode_window(self.ctx, self.model.tokenizer, options, self.model.n_text_ctx)
+        self.decoded_upto = self.total
+        self.fresh_speech = False
+        if self._rejected(result):
+            return _Hypothesis([], []), result
+        return _parse(result.tokens, self.model.tokenizer, self.window_start / SAMPLE_RATE,
+                      self.audio.size / SAMPLE_RATE), result
+
+    def _rejected(self, result: DecodingResult) -> bool:
+        """Silence by Whisper's own judgement, or a repetition loop (ref: openai-whisper transcribe.py)."""
+        o = self.options
+        silence = result.no_speech_prob > o.no_speech_threshold and result.avg_logprob < o.logprob_threshold
+        loop = result.compression_ratio > o.compression_ratio_threshold
+        if silence or loop:
+            logger.debug("hypothesis rejected (no_speech %.2f, logprob %.2f, compression %.2f): %r",
+                         result.no_speech_prob, result.avg_logprob, result.compression_ratio, result.text)
+        return silence or loop
+
+    def _prompt(self) -> str:
+        """The committed text that has left the window, cut to whole words within prompt_chars."""
+        text = " ".join(w.text for w in self.committed[:len(self.committed) - self.in_window])
+        if len(text) <= self.options.prompt_chars:
+            return text
+        return text[-self.options.prompt_chars:].partition(" ")[2]
+
+    def _commit(self, words: list[_Word]) -> Commit:
+        # Estimates from different hypotheses may overlap; commits must not go back in time.
+        start = max(words[0].start, self.committed[-1].end) if self.committed else words[0].start
+        end = max(words[-1].end, start)
+        self.committed += words[:-1] + [_Word(words[-1].text, words[-1].start, end)]
+        self.in_window += len(words)
+        return Commit(" ".join(w.text for w in words), start, end)
+
+    # -- the window --
+
+    def _trim(self, hyp: _Hypothesis, n_committed: int) -> Iterator[Event]:
+        """Cuts the window at the last fully committed segment end once it is longer than trim_s;
+        past max_window_s, commits up to the last closed segment (or everything) unconfirmed."""
+        window_s = self.audio.size / SAMPLE_RATE
+        if window_s <= self.options.trim_s:
+            return
+        done = [cut for cut in hyp.cuts if cut[0] <= n_committed]
+        if done:
+            self._cut_at(done[-1], n_committed)
+            return
+        if window_s <= self.options.max_window_s:
+            return
+        logger.warning("no segment confirmed in %.1f s of audio; committing unconfirmed text", window_s)
+        cut = hyp.cuts[-1] if hyp.cuts else (len(hyp.words), self.total / SAMPLE_RATE)
+        forced = hyp.words[n_committed:cut[0]]
+        if forced:
+            yield self._commit(forced)
+        self.tail = hyp.words[cut[0]:]
+        self._cut_at(cut, cut[0])
+
+    def _cut_at(self, cut: tuple[int, float], n_committed: int) -> None:
+        """Moves the window start to a segment end; committed words before it leave the window."""
+        n_before, at_s = cut
+        self.in_window = min(self.in_window, max(0, n_committed - n_before))
+        self._cut(min(self.total, max(self.window_start, round(at_s * SAMPLE_RATE))))
+
+    def _cut(self, start: int) -> None:
+        self.audio = self.audio[start - self.window_start:].copy()
+        self.window_start = start
+
+    # -- costs --
+
+    def _report(self, started: float, result: DecodingResult) -> Iterator[Event]:
+        busy = time.perf_counter() - started
+        audio_s = self.total / SAMPLE_RATE
+        text = " ".join(w.text for w in self.tail)
+        if text and self.first_partial_s is None and self.onset_read_at is not None:
+            self.first_partial_s = time.monotonic() - self.onset_read_at
+        yield Partial(text, audio_s)
+        self.costs.append((busy, audio_s - self.reported_audio_s))
+        self.reported_audio_s = audio_s
+        self.busy_s += busy
+        self.n_steps += 1
+        yield self.metrics(busy, result.timer)
+
+    def metrics(self, step_s: float = 0.0, timer: TokenTimer | None = None) -> Metrics:
+        """The costs so far, with `timer` as this step's decoder calls."""
+        stats, timer = self.ctx.stats, timer or TokenTimer()
+        calls = max(1, timer.n_calls)
+        kv_used = int(stats.get("kv_used_tokens", 0))
+        kv_mib = kv_used * stats.get("kv_bytes", 0) / max(1, stats.get("kv_cells", 1)) / 2**20
+        busy, audio = (sum(c[i] for c in self.costs) for i in (0, 1))
+        audio_s = self.total / SAMPLE_RATE
+        return Metrics(
+            audio_s=audio_s, window_s=self.audio.size / SAMPLE_RATE, n_steps=self.n_steps,
+            step_ms=step_s * 1000, rtf=busy / audio if audio else 0.0,
+            rtf_mean=self.busy_s / audio_s if audio_s else 0.0,
+            encoder_ms=float(self.ctx.last_encode.get("encoder_ms", 0.0)), n_tokens=timer.n_calls,
+            decode_ms_per_token=(timer.compute_ms + timer.kv_io_ms + timer.logits_ms + timer.sampling_ms) / calls,
+            compute_ms_per_token=timer.compute_ms / calls, kv_io_ms_per_token=timer.kv_io_ms / calls,
+            kv_tokens=kv_used, kv_mib=kv_mib, graph_builds=int(stats.get("graph_builds", 0)),
+            graph_reuses=int(stats.get("graph_reuses", 0)), first_partial_s=self.first_partial_s,
+            commit_lag_s=audio_s - self.committed[-1].end if self.committed else None,
+            dropped_blocks=self.dropped_blocks, backend=self.model.backend, device=self.model.device,
+            kv_mode=self.kv_mode, fallback_ops=tuple(self.ctx.backend_report.get("fallback_ops", ())),
+            peak_rss_mb=peak_rss_mb(),
+        )
+
+
+# -- the generator ---------------------------------------------------------------------------------
+
+
+def live_events(model: WhisperModel, source, options: StreamOptions | None = None, *, kv_mode: str = "device",
+                stop: threading.Event | None = None) -> Iterator[Event]:
+    """Captions of a live source (`capture.MicrophoneSource`, `capture.ReplaySource`), lazily.
+
+    Starts the source on first iteration and stops it at the end. Runs until `stop` is set, the source
+    ends, or the consumer closes the generator; then commits the tentative tail and yields a last
+    Metrics. A source that cannot start, or fails midway, yields an Error instead of raising.
+    """
+    options = options or StreamOptions()
+    stop = stop or threading.Event()
+    stream = _Stream(model, options, kv_mode)
+    try:
+        source.start()
+    except AuralError as exc:
+        yield Error(str(exc))
+        return
+    try:
+        yield from _pump(stream, source, stop)
+        source.stop()
+        while (samples := source.read(0.0)) is not None:  # what was captured before the stop
+            yield from _feed(stream, samples)
+        stream.dropped_blocks = source.dropped_blocks
+        if source.error is not None:
+            yield Error(str(source.error))
+        yield from stream.flush()
+        yield stream.metrics()
+    finally:
+        source.stop()
+
+
+def _pump(stream: _Stream, source, stop: threading.Event) -> Iterator[Event]:
+    while not stop.is_set():
+        samples = source.read(0.1)
+        stream.dropped_blocks = source.dropped_blocks
+        if samples is not None:
+            yield from _feed(stream, samples)
+        elif source.finished:
+            return
+
+
+def _feed(stream: _Stream, samples: np.ndarray) -> Iterator[Event]:
+    """Feeds a backlog in pieces of at most max_step_s, so a window never grows by more per step."""
+    piece = round(stream.options.max_step_s * SAMPLE_RATE)
+    for start in range(0, samples.size, piece):
+        stream.feed(samples[start:start + piece])
+        yield from stream.poll()

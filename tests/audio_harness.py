@@ -1,0 +1,163 @@
+"""A virtual microphone for tests: a private PulseAudio daemon whose null sink's monitor is the default source.
+
+Whatever `VirtualMic.play()` plays into the sink comes out of the default capture device, through the
+real path an app uses (PortAudio -> ALSA `default` -> the pulse plugin -> the server); 16 kHz mono
+16-bit WAVs come out bit-exact. Recipe and pitfalls: shared/docs/testing-gui-and-audio.md, section 4:
+- an idle null sink renders in 2 s blocks, so a low-latency silence player keeps it ticking and the
+  first audio is awaited once (~2 s after the daemon starts);
+- PortAudio lists devices only when it initialises, so `rescan_portaudio()` re-initialises it after
+  the daemon is up, and "no device" cases run in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+__all__ = ["VirtualMic", "rescan_portaudio", "virtual_mic"]
+
+_TOOLS = ("pulseaudio", "pactl", "pacat", "paplay")
+
+# The daemon's whole configuration: a private socket, one null sink, its monitor as default source.
+_SCRIPT = """\
+load-module module-native-protocol-unix auth-anonymous=1 socket={socket}
+load-module module-null-sink sink_name=vsink rate={rate} channels=1 format=s16le sink_properties=device.description=AuralVirtualMic
+set-default-sink vsink
+set-default-source vsink.monitor
+"""
+
+
+def rescan_portaudio() -> None:
+    """Makes PortAudio list the devices of the server now in PULSE_SERVER (it lists them only at init)."""
+    import sounddevice as sd
+
+    sd._terminate()
+    sd._initialize()
+
+
+class VirtualMic:
+    """One private PulseAudio daemon with a null sink at `rate` Hz, mono.
+
+    Attributes:
+        rate: the sink's sample rate.
+        dir: the daemon's private HOME/runtime directory (holds the socket and the log).
+        env: environment for pulse clients of this daemon (PULSE_SERVER set).
+        server: the PULSE_SERVER value, "unix:<dir>/native".
+    """
+
+    def __init__(self, rate: int = 16000, directory: Path | None = None):
+        self.rate = rate
+        self.dir = directory
+        self.env: dict[str, str] = {}
+        self.server = ""
+        self._daemon: subprocess.Popen | None = None
+        self._feeder: subprocess.Popen | None = None
+        self._own_dir = directory is None
+
+    @staticmethod
+    def missing_tools() -> list[str]:
+        return [tool for tool in _TOOLS if shutil.which(tool) is None]
+
+    def start(self, timeout_s: float = 15.0) -> "VirtualMic":
+        """Starts the daemon and the silence feeder, and waits until the monitor delivers audio."""
+        if self.dir is None:
+            self.dir = Path(tempfile.mkdtemp(prefix="aural-vmic-"))
+        self.dir.chmod(0o700)
+        socket = self.dir / "native"
+        script = self.dir / "vmic.pa"
+        script.write_text(_SCRIPT.format(socket=socket, rate=self.rate))
+        self.server = f"unix:{socket}"
+        self.env = dict(os.environ, HOME=str(self.dir), XDG_RUNTIME_DIR=str(self.dir),
+                        XDG_CONFIG_HOME=str(self.dir / "config"), PULSE_SERVER=self.server)
+        with open(self.dir / "pulseaudio.log", "w") as log:
+            self._daemon = subprocess.Popen(
+                ["pulseaudio", "--daemonize=no", "-n", "-F", str(script), "--exit-idle-time=-1",
+                 "--use-pid-file=no", "--log-target=stderr", "--log-level=notice"],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self._wait_ready(socket, time.monotonic() + timeout_s)
+        # Silence at 20 ms latency keeps the sink rendering in small blocks instead of 2 s ones.
+        self._feeder = subprocess.Popen(
+            ["pacat", "--playback", "--device=vsink", f"--rate={self.rate}", "--channels=1", "--format=s16le",
+             "--raw", "--latency-msec=20", "/dev/zero"],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._wait_first_audio(timeout_s)
+        return self
+
+    def _wait_ready(self, socket: Path, deadline: float) -> None:
+        while not (socket.exists() and subprocess.run(["pactl", "info"], env=self.env,
+                                                      capture_output=True).returncode == 0):
+            if self._daemon.poll() is not None:
+                raise RuntimeError(f"pulseaudio exited with {self._daemon.returncode}: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pulseaudio did not answer: {self.log_tail()}")
+            time.sleep(0.02)
+
+    def _wait_first_audio(self, timeout_s: float) -> None:
+        """The null sink's first render tick comes ~2 s after the daemon starts: wait for it once."""
+        recorder = subprocess.Popen(
+            ["pacat", "--record", "--device=vsink.monitor", "--raw", f"--rate={self.rate}", "--channels=1",
+             "--format=s16le", "--latency-msec=20"],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            if not select.select([recorder.stdout], [], [], timeout_s)[0]:
+                raise TimeoutError("the virtual microphone produced no audio")
+            recorder.stdout.read1(self.rate // 50)
+        finally:
+            recorder.terminate()
+            recorder.wait()
+
+    def play(self, wav: Path, *, wait: bool = True) -> subprocess.Popen:
+        """Plays a WAV into the sink, i.e. speaks it into the microphone."""
+        player = subprocess.Popen(["paplay", "--device=vsink", str(wav)], env=self.env)
+        if wait and player.wait(120) != 0:
+            raise RuntimeError(f"paplay failed with {player.returncode}")
+        return player
+
+    def kill(self) -> None:
+        """Kills the daemon abruptly, as when a USB microphone is pulled out."""
+        for proc in (self._feeder, self._daemon):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def stop(self) -> None:
+        """Stops the daemon and removes its directory (when the harness created it)."""
+        for proc in (self._feeder, self._daemon):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if self._own_dir and self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log_tail(self) -> str:
+        log = self.dir / "pulseaudio.log" if self.dir else None
+        return log.read_text()[-2000:] if log and log.exists() else ""
+
+
+@pytest.fixture(scope="session")
+def virtual_mic():
+    """A running VirtualMic, made this process's default input (PULSE_SERVER) for the session."""
+    missing = VirtualMic.missing_tools()
+    if missing:
+        pytest.skip(f"virtual microphone needs {', '.join(missing)} (apt-get install pulseaudio pulseaudio-utils)")
+    mic = VirtualMic().start()
+    saved = os.environ.get("PULSE_SERVER")
+    os.environ["PULSE_SERVER"] = mic.server
+    rescan_portaudio()
+    yield mic
+    mic.stop()
+    if saved is None:
+        os.environ.pop("PULSE_SERVER", None)
+    else:
+        os.environ["PULSE_SERVER"] = saved

@@ -1,0 +1,222 @@
+"""Live audio input through the real path: PulseAudio virtual microphone -> PortAudio -> MicrophoneSource,
+and file replay through the same ring buffer. "No device" cases run in subprocesses, because PortAudio
+fixes its device list when it initialises."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from audio_harness import VirtualMic
+from aural.engine.capture import MicrophoneSource, ReplaySource, _capture_rate, list_input_devices
+from aural.engine.errors import AudioError
+
+pytestmark = pytest.mark.audio
+
+TESTS = Path(__file__).resolve().parent
+SPEECH = "en_speechbrain_example1.wav"  # 3.26 s, 16 kHz mono 16-bit
+
+
+def align(captured: np.ndarray, reference: np.ndarray) -> tuple[int, float, float, int]:
+    """(lag, normalised correlation, max abs difference, overlap) of `captured` against `reference`;
+    lag > 0 means the capture is late. FFT cross-correlation."""
+    n = 1 << int(np.ceil(np.log2(captured.size + reference.size)))
+    xc = np.fft.irfft(np.fft.rfft(captured, n) * np.conj(np.fft.rfft(reference, n)), n)
+    k = int(np.argmax(xc))
+    lag = k if k < n // 2 else k - n
+    cap, ref = (captured[lag:], reference) if lag >= 0 else (captured, reference[-lag:])
+    m = min(cap.size, ref.size)
+    cap, ref = cap[:m].astype(np.float64), ref[:m].astype(np.float64)
+    return lag, float(cap @ ref / (np.linalg.norm(cap) * np.linalg.norm(ref))), float(np.abs(cap - ref).max()), m
+
+
+def capture_while_playing(mic: VirtualMic, source, wav: Path, tail_s: float = 0.5) -> np.ndarray:
+    """Everything `source` delivers from before `wav` starts playing until tail_s after it ended."""
+    chunks: list[np.ndarray] = []
+    source.start()
+    first = source.read(5.0)
+    assert first is not None, "the virtual microphone delivered nothing"
+    mic.play(wav)
+    deadline = time.monotonic() + tail_s
+    while time.monotonic() < deadline:
+        block = source.read(0.1)
+        if block is not None:
+            chunks.append(block)
+    source.stop()
+    while (block := source.read(0.0)) is not None:
+        chunks.append(block)
+    return np.concatenate(chunks)
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **env}, cwd=TESTS)
+
+
+# -- the microphone --------------------------------------------------------------------------------
+
+
+def test_lists_the_virtual_microphone(virtual_mic):
+    devices = list_input_devices()
+    assert devices, "no input device listed"
+    assert sum(d.is_default for d in devices) == 1
+    assert all(d.default_samplerate > 0 and d.name for d in devices)
+
+
+@pytest.fixture(scope="module")
+def injected_wav(data_dir, tmp_path_factory) -> Path:
+    """The speech clip after 50 ms of digital silence: PulseAudio zeroes the first few ms of a new
+    playback stream, which would otherwise eat into the speech itself."""
+    speech, rate = sf.read(data_dir / SPEECH, dtype="int16")
+    path = tmp_path_factory.mktemp("inject") / "speech16k.wav"
+    sf.write(path, np.concatenate([np.zeros(rate // 20, dtype=np.int16), speech]), rate, subtype="PCM_16")
+    return path
+
+
+def test_capture_is_bit_exact(virtual_mic, injected_wav):
+    reference, rate = sf.read(injected_wav, dtype="float32")
+    source = MicrophoneSource(block_s=0.02)
+    captured = capture_while_playing(virtual_mic, source, injected_wav)
+    assert source.capture_rate == rate == 16000
+    lag, corr, max_diff, overlap = align(captured, reference)
+    assert lag >= 0 and overlap == reference.size, (lag, overlap)
+    assert corr > 0.9999 and max_diff <= 2 / 32768, (corr, max_diff)
+    assert source.dropped_blocks == 0 and source.error is None
+
+
+def test_device_rate_is_resampled_to_16k(virtual_mic, injected_wav):
+    # Opened at 48 kHz (PulseAudio upsamples), as a device without 16 kHz support would be; read()
+    # must bring it back to 16 kHz with the streaming resampler.
+    reference, _ = sf.read(injected_wav, dtype="float32")
+    source = MicrophoneSource(samplerate=48000)
+    captured = capture_while_playing(virtual_mic, source, injected_wav)
+    assert source.capture_rate == 48000
+    lag, corr, _, overlap = align(captured, reference)
+    assert corr > 0.99 and overlap >= reference.size - 160, (lag, corr, overlap)
+
+
+def test_no_sound_server_is_a_device_error():
+    result = run_python("""
+        from aural.engine.capture import MicrophoneSource, list_input_devices
+        from aural.engine.errors import DeviceError
+        print("devices", len(list_input_devices()))
+        try:
+            MicrophoneSource().start()
+        except DeviceError as exc:
+            print("DeviceError:", exc)
+    """, PULSE_SERVER="unix:/nonexistent")
+    assert result.returncode == 0, result.stderr
+    assert "devices 0" in result.stdout
+    assert "DeviceError: No microphone available" in result.stdout
+
+
+def test_missing_portaudio_is_a_device_error(tmp_path):
+    # sounddevice raises OSError at import when libportaudio2 is missing; a stand-in module does the same.
+    (tmp_path / "sounddevice.py").write_text("raise OSError('PortAudio library not found')\n")
+    result = run_python("""
+        from aural.engine.capture import MicrophoneSource
+        from aural.engine.errors import DeviceError
+        try:
+            MicrophoneSource().start()
+        except DeviceError as exc:
+            print("DeviceError:", exc)
+    """, PYTHONPATH=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "DeviceError: Audio input unavailable: PortAudio library not found (install libportaudio2)" in result.stdout
+
+
+def test_vanished_device_is_an_error_and_the_source_restarts(tmp_path):
+    result = run_python(f"""
+        import os, time
+        from pathlib import Path
+        from audio_harness import VirtualMic
+        mic = VirtualMic(directory=Path({str(tmp_path)!r})).start()
+        os.environ["PULSE_SERVER"] = mic.server
+        from aural.engine.capture import MicrophoneSource
+        source = MicrophoneSource()
+        source.start()
+        assert source.read(5.0) is not None
+        mic.kill()  # the device vanishes mid-capture
+        deadline = time.monotonic() + 15
+        while not source.finished and time.monotonic() < deadline:
+            source.read(0.2)
+        print("finished", source.finished, type(source.error).__name__, source.error)
+        mic = VirtualMic(directory=Path({str(tmp_path)!r})).start()  # plugged back in
+        source.start()
+        print("restarted", source.read(5.0) is not None, source.error)
+        source.stop()
+        mic.stop()
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "finished True DeviceError Microphone lost" in result.stdout
+    assert "restarted True None" in result.stdout
+
+
+# -- replay ----------------------------------------------------------------------------------------
+
+
+def read_all(source) -> tuple[np.ndarray, list[int]]:
+    blocks = []
+    source.start()
+    while not source.finished:
+        block = source.read(1.0)
+        if block is not None:
+            blocks.append(block)
+    return np.concatenate(blocks), [b.size for b in blocks]
+
+
+def test_replay_as_fast_as_read_gives_the_file_block_by_block(data_dir):
+    wav = data_dir / SPEECH
+    reference, _ = sf.read(wav, dtype="float32")
+    source = ReplaySource(wav, speed=0)
+    samples, sizes = read_all(source)
+    np.testing.assert_array_equal(samples, reference)
+    assert max(sizes) == 1600 and len(sizes) == -(-reference.size // 1600)  # one 0.1 s block per read
+    assert source.dropped_blocks == 0 and source.error is None
+
+
+def test_replay_at_real_time_takes_the_audio_duration(data_dir):
+    wav = data_dir / "en_pocketsphinx_cards_001.wav"  # 1.1 s
+    source = ReplaySource(wav, speed=1.0)
+    started = time.monotonic()
+    samples, _ = read_all(source)
+    elapsed = time.monotonic() - started
+    assert samples.size == sf.info(wav).frames
+    assert samples.size / 16000 - 0.15 <= elapsed <= samples.size / 16000 + 1.0
+
+
+def test_a_full_ring_drops_whole_blocks_and_counts_them(data_dir):
+    # 0.2 s of ring, 20x real time, nobody reading: the feeder must drop blocks, not block or crash.
+    source = ReplaySource(data_dir / SPEECH, speed=20.0, block_s=0.1, buffer_s=0.2)
+    source.start()
+    source._thread.join(30)  # the feeder has pushed (or dropped) every block
+    kept = source.read(0.0)
+    assert kept.size == 3200
+    assert source.dropped_blocks == -(-sf.info(data_dir / SPEECH).frames // 1600) - 2
+
+
+def test_replay_of_a_missing_file_fails_at_start(tmp_path):
+    with pytest.raises(AudioError, match="not found"):
+        ReplaySource(tmp_path / "nothing.wav").start()
+
+
+def test_a_device_without_16k_is_opened_at_its_native_rate():
+    class NoSixteen:  # the two sounddevice calls _capture_rate makes, for a 48 kHz-only device
+        PortAudioError = RuntimeError
+
+        def check_input_settings(self, **settings):
+            raise self.PortAudioError("Invalid sample rate")
+
+        def query_devices(self, device, kind):
+            return {"name": "USB microphone", "default_samplerate": 48000.0}
+
+    assert _capture_rate(NoSixteen(), None, 16000) == 48000

@@ -1,0 +1,226 @@
+"""Whisper's logit filters on synthetic logits, the prompt layout, and real decodes of the JFK window."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from aural.engine import models
+from aural.engine.audio import load_audio
+from aural.engine.decoding import (
+    DecodingOptions,
+    apply_timestamp_rules,
+    build_logit_filters,
+    compression_ratio,
+    decode_window,
+    initial_tokens,
+    suppress_blank,
+    suppress_tokens,
+)
+from aural.engine.features import N_SAMPLES, log_mel_spectrogram
+from aural.engine.tokenizer import WhisperTokenizer
+
+N_VOCAB = 51864
+JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_gguf):
+    info = models.model_info(tiny_gguf)
+    return WhisperTokenizer.from_gguf_json(info["tokenizer_json"], multilingual=False)
+
+
+def flat() -> np.ndarray:
+    return np.zeros(N_VOCAB, dtype=np.float32)
+
+
+def allowed(logits: np.ndarray) -> np.ndarray:
+    return np.isfinite(logits)
+
+
+# -- SuppressBlank / SuppressTokens ----------------------------------------------------------------
+
+
+def test_suppress_blank_only_at_the_first_sampled_position(tok):
+    rule = suppress_blank(tok)
+    first = flat()
+    rule(first, [])
+    assert not allowed(first)[[220, tok.eot]].any()
+    assert allowed(first).sum() == N_VOCAB - 2
+    later = flat()
+    rule(later, [tok.timestamp_begin])
+    assert allowed(later).all()
+
+
+def test_suppress_tokens_every_step(tok):
+    ids = tok.suppress_tokens("-1")
+    rule = suppress_tokens(ids)
+    for sampled in ([], [tok.timestamp_begin, 400]):
+        logits = flat()
+        rule(logits, sampled)
+        assert not allowed(logits)[list(ids)].any()
+        assert allowed(logits).sum() == N_VOCAB - len(ids)
+
+
+# -- ApplyTimestampRules ---------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def ts(tok):
+    return tok.timestamp_begin
+
+
+def test_first_token_is_a_timestamp_within_the_initial_cap(tok, ts):
+    logits = flat()
+    apply_timestamp_rules(tok, 50)(logits, [])
+    ok = allowed(logits)
+    assert not ok[:ts].any()  # no text, no end of text
+    assert ok[ts:ts + 51].all()  # <|0.00|> .. <|1.00|>
+    assert not ok[ts + 51:].any()  # nothing later than max_initial_timestamp
+    uncapped = flat()
+    apply_timestamp_rules(tok, None)(uncapped, [])
+    assert allowed(uncapped)[ts:].all()
+
+
+def test_notimestamps_is_never_sampled(tok, ts):
+    logits = flat()
+    logits[tok.no_timestamps] = 100.0
+    apply_timestamp_rules(tok, None)(logits, [ts, 400])
+    assert not allowed(logits)[tok.no_timestamps]
+
+
+def test_after_a_single_timestamp_text_is_suppressed(tok, ts):
+    logits = flat()
+    logits[400] = 50.0  # a very likely text token must still lose
+    logits[tok.eot] = 20.0  # likelier than all timestamps together, so it survives the mass rule
+    apply_timestamp_rules(tok, 50)(logits, [ts, 400, 401, ts + 30])
+    ok = allowed(logits)
+    assert not ok[:tok.eot].any()
+    assert ok[tok.eot]  # the window may end after the closing timestamp
+    assert ok[ts + 30]  # the pair may close on the same time
+    assert not ok[ts:ts + 30].any()  # never earlier
+
+
+def test_after_a_timestamp_pair_text_must_follow(tok, ts):
+    logits = flat()
+    apply_timestamp_rules(tok, 50)(logits, [ts, 400, ts + 30, ts + 30])
+    ok = allowed(logits)
+    assert not ok[ts:].any()
+    assert ok[400]
+
+
+def test_timestamps_never_decrease_and_segments_have_length(tok, ts):
+    logits = flat()
+    logits[400] = 20.0  # likelier than all timestamps together, so text stays allowed
+    apply_timestamp_rules(tok, 50)(logits, [ts + 10, 400, 401])
+    ok = allowed(logits)
+    assert not ok[ts:ts + 11].any()  # <= the last timestamp: a zero-length or backwards segment
+    assert ok[ts + 11:].all()
+    assert ok[400]
+
+
+def test_timestamp_mass_beats_the_best_text_token(tok, ts):
+    sampled = [ts, 400]
+    logits = np.full(N_VOCAB, -10.0, dtype=np.float32)
+    logits[500] = 2.0  # best single token is text ...
+    logits[ts + 10:ts + 60] = 0.0  # ... but 50 timestamps at e^0 outweigh e^2 together
+    apply_timestamp_rules(tok, None)(logits, sampled)
+    assert not allowed(logits)[:ts].any()
+    assert allowed(logits)[ts + 10]
+    # With the text token clearly ahead, text stays allowed.
+    logits = np.full(N_VOCAB, -10.0, dtype=np.float32)
+    logits[500] = 6.0
+    logits[ts + 10:ts + 60] = 0.0
+    apply_timestamp_rules(tok, None)(logits, sampled)
+    assert allowed(logits)[500]
+
+
+def test_filter_order_and_options(tok):
+    default = build_logit_filters(tok, DecodingOptions())
+    assert len(default) == 3
+    assert len(build_logit_filters(tok, DecodingOptions(without_timestamps=True))) == 2
+    assert len(build_logit_filters(tok, DecodingOptions(suppress_blank=False, suppress_tokens=None))) == 1
+    logits = flat()
+    for rule in default:
+        rule(logits, [])
+    # First step with defaults: only <|0.00|>..<|1.00|> remain.
+    assert np.flatnonzero(allowed(logits)).tolist() == list(range(tok.timestamp_begin, tok.timestamp_begin + 51))
+
+
+# -- prompt layout ---------------------------------------------------------------------------------
+
+
+def test_initial_tokens_layout(tok):
+    assert initial_tokens(tok, DecodingOptions(), 448) == [tok.sot]
+    assert initial_tokens(tok, DecodingOptions(without_timestamps=True), 448) == [tok.sot, tok.no_timestamps]
+    prompt = list(range(1000, 1300))
+    tokens = initial_tokens(tok, DecodingOptions(prompt=prompt), 448)
+    assert tokens == [tok.sot_prev, *prompt[-223:], tok.sot]  # last n_text_ctx // 2 - 1 prompt tokens
+    text = initial_tokens(tok, DecodingOptions(prompt="  Hello there. "), 448)
+    assert text == [tok.sot_prev, *tok.encode(" Hello there."), tok.sot]
+
+
+def test_compression_ratio():
+    assert compression_ratio("a" * 400) > 10
+    assert compression_ratio("And so my fellow Americans") < 2.4
+
+
+# -- real decodes ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jfk_ctx(whisper_model, jfk_wav):
+    samples = load_audio(jfk_wav)
+    mel = log_mel_spectrogram(samples, whisper_model.n_mels, filters=whisper_model.mel_filters,
+                              padding=N_SAMPLES - samples.size)
+    ctx = whisper_model.new_session()
+    ctx.encode(np.ascontiguousarray(mel))
+    return ctx
+
+
+def normalized(text: str) -> str:
+    return EnglishTextNormalizer()(text)
+
+
+def test_greedy_decode_of_the_jfk_window(whisper_model, jfk_ctx):
+    tok = whisper_model.tokenizer
+    result = decode_window(jfk_ctx, tok, DecodingOptions(), whisper_model.n_text_ctx)
+    assert normalized(result.text) == normalized(JFK)
+    assert result.tokens[0] == tok.timestamp_begin  # the first token is <|0.00|>
+    assert result.tokens[-1] >= tok.timestamp_begin and tok.eot not in result.tokens
+    stamps = [t for t in result.tokens if t >= tok.timestamp_begin]
+    assert stamps == sorted(stamps) and stamps[-1] - tok.timestamp_begin <= 11.0 / 0.02
+    assert result.no_speech_prob < 0.1
+    assert -0.6 < result.avg_logprob < 0
+    assert result.avg_logprob == pytest.approx(result.sum_logprob / (len(result.tokens) + 1))
+    assert result.compression_ratio == pytest.approx(compression_ratio(result.text))
+    assert result.temperature == 0.0 and result.language is None
+    # One prompt batch, then one call per sampled token (the end of text is sampled, never fed).
+    assert result.timer.n_calls == len(result.tokens) + 1
+    assert result.timer.reused_calls > 0
+    # Greedy is deterministic: the same window decodes to the same tokens.
+    again = decode_window(jfk_ctx, tok, DecodingOptions(), whisper_model.n_text_ctx)
+    assert again.tokens == result.tokens
+
+
+def test_decode_without_timestamps(whisper_model, jfk_ctx):
+    tok = whisper_model.tokenizer
+    result = decode_window(jfk_ctx, tok, DecodingOptions(without_timestamps=True), whisper_model.n_text_ctx)
+    assert all(t < tok.eot for t in result.tokens)
+    assert normalized(result.text) == normalized(JFK)
+
+
+def test_sample_len_caps_the_output(whisper_model, jfk_ctx):
+    result = decode_window(jfk_ctx, whisper_model.tokenizer, DecodingOptions(sample_len=5), whisper_model.n_text_ctx)
+    assert len(result.tokens) == 5
+    assert result.avg_logprob == pytest.approx(result.sum_logprob / 6)
+
+
+def test_sampling_is_seeded(whisper_model, jfk_ctx):
+    tok = whisper_model.tokenizer
+    options = DecodingOptions(temperature=1.0, seed=7)
+    first = decode_window(jfk_ctx, tok, options, whisper_model.n_text_ctx)
+    second = decode_window(jfk_ctx, tok, options, whisper_model.n_text_ctx)
+    assert first.tokens == second.tokens and first.temperature == 1.0
+    assert first.tokens[0] >= tok.timestamp_begin  # the timestamp rules hold when sampling too

