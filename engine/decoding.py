@@ -280,7 +280,6 @@ def decode_window(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_
     tokenizer = _tokenizer_for(tokenizer, options)
     initial = initial_tokens(tokenizer, options, n_text_ctx)
     sample_len = options.sample_len or n_text_ctx // 2
-    capacity = min(n_text_ctx, int(ctx.stats.get("kv_capacity_tokens", n_text_ctx)) or n_text_ctx)
     filters = build_logit_filters(tokenizer, options)
     sampler = _Sampler(options.temperature, options.seed)
     timer = TokenTimer()
@@ -291,6 +290,8 @@ def decode_window(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_
     timer.add_call(ctx.last_timings)
     no_speech_prob = _no_speech_prob(logits[rows.index(sot_index)], tokenizer)
     row = logits[-1]
+    # Positions past n_text_ctx have no positional embedding; the arena may also be smaller.
+    capacity = min(n_text_ctx, int(ctx.stats["kv_capacity_tokens"]))
 
     n_past = len(initial)
     sampled: list[int] = []

@@ -99,13 +99,8 @@ ggml_backend_sched_t context::make_sched() {
 void context::reserve_worst_case() {
     // Allocation failures belong at load time, with a message, not in the middle of a stream
     // (ref: whisper.cpp whisper_sched_graph_init, llama.cpp "reserve worst-case graphs").
-    enc_graph_ = build_encoder(mdl, *kv_);
-    if (!ggml_backend_sched_alloc_graph(sched_enc_, enc_graph_->gf)) {
-        throw std::runtime_error("cannot allocate the encoder's compute buffer (out of device memory?)");
-    }
-    encoder_report = report(sched_enc_, enc_graph_->gf);
-
-    const decode_params worst{mdl.hp.n_text_ctx, max_outputs};
+    use_encoder(mdl.hp.n_audio_ctx);
+    const decode_params worst{mdl.hp.n_text_ctx, max_outputs, mdl.hp.n_audio_ctx};
     auto g = build_decoder(mdl, *kv_, worst);
     if (!ggml_backend_sched_reserve(sched_dec_, g->gf)) {
         throw std::runtime_error("cannot reserve the decoder's compute buffer (out of device memory?)");
@@ -156,10 +151,30 @@ void context::compute(ggml_backend_sched_t sched, ggml_cgraph * gf) {
     }
 }
 
-void context::encode(const float * mel) {
+void context::use_encoder(uint32_t n_ctx) {
+    if (enc_graph_ && enc_graph_->n_audio_ctx == n_ctx) {
+        return;
+    }
+    enc_graph_.reset();
+    ggml_backend_sched_reset(sched_enc_);
+    enc_graph_ = build_encoder(mdl, *kv_, n_ctx);
+    if (!ggml_backend_sched_alloc_graph(sched_enc_, enc_graph_->gf)) {
+        throw std::runtime_error("cannot allocate the encoder's compute buffer (out of device memory?)");
+    }
+    encoder_report = report(sched_enc_, enc_graph_->gf);
+    stats.encoder_builds++;
+}
+
+void context::encode(const float * mel, uint32_t n_frames) {
+    if (n_frames < 2 || n_frames % 2 != 0 || n_frames > mdl.hp.n_mel_frames()) {
+        throw std::invalid_argument("a window has an even number of mel frames between 2 and " +
+                                    std::to_string(mdl.hp.n_mel_frames()) + ", not " + std::to_string(n_frames));
+    }
     const auto t0 = clock_type::now();
+    use_encoder(n_frames / 2);  // the same graph every window while the length stays the same
     ggml_backend_tensor_set(enc_graph_->mel, mel, 0, ggml_nbytes(enc_graph_->mel));
     compute(sched_enc_, enc_graph_->gf);
+    kv_->apply(0, 0, n_frames / 2);
     last_encode = encode_timings{};
     last_encode.encoder_ms = ms_since(t0);
     if (params.mode == kv_mode::host) {
@@ -196,7 +211,10 @@ void context::decode(const decode_batch & batch, float * logits) {
 
     step_timings t;
     t.n_tokens = batch.n_tokens;
-    const decode_params p{batch.n_tokens, static_cast<uint32_t>(batch.outputs.size())};
+    if (kv_->cross_rows() == 0) {
+        throw std::logic_error("decode before encode: no window has been encoded in this context");
+    }
+    const decode_params p{batch.n_tokens, static_cast<uint32_t>(batch.outputs.size()), kv_->cross_rows()};
     auto t0 = clock_type::now();
     if (reuse_enabled_ && dec_graph_ && dec_graph_->can_reuse(p)) {
         t.reused = true;

@@ -51,6 +51,7 @@ struct encode_timings {
 
 struct context_stats {
     uint64_t graph_builds = 0, graph_reuses = 0, decode_calls = 0, tokens_decoded = 0, encode_calls = 0;
+    uint64_t encoder_builds = 0;
     double encoder_ms_total = 0, compute_ms_total = 0, kv_io_ms_total = 0, logits_ms_total = 0;
     uint64_t kv_io_bytes_total = 0;
 };
@@ -70,8 +71,9 @@ class context {
     context(const context &) = delete;
     context & operator=(const context &) = delete;
 
-    // mel: [n_mels, 2 * n_audio_ctx] row-major floats (one 30 s window of log-mel features).
-    void encode(const float * mel);
+    // mel: [n_mels, n_frames] row-major floats, one window of log-mel features; n_frames is even and
+    // at most 2 * n_audio_ctx (3000 = 30 s). Fewer frames encode a shorter audio context.
+    void encode(const float * mel, uint32_t n_frames);
     // Appends batch.tokens at n_past.. and writes logits [outputs.size(), n_vocab] to `logits`.
     void decode(const decode_batch & batch, float * logits);
     void clear_kv();
@@ -96,6 +98,7 @@ class context {
     bool reuse_enabled_ = true;
 
     ggml_backend_sched_t make_sched();
+    void use_encoder(uint32_t n_ctx);  // (re)builds the encoder graph for n_ctx positions
     void reserve_worst_case();
     backend_report report(ggml_backend_sched_t sched, ggml_cgraph * gf) const;
     void compute(ggml_backend_sched_t sched, ggml_cgraph * gf);

@@ -154,19 +154,21 @@ void graph_result::set_inputs(const decode_batch & batch) {
 
 // ---- builders -------------------------------------------------------------------------------------
 
-std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv) {
+std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv, uint32_t n_ctx) {
     const hparams & hp = m.hp;
     auto res = std::make_unique<graph_result>(max_graph_nodes);
+    res->n_audio_ctx = n_ctx;
     ggml_context * ctx = res->ctx;
 
-    res->mel = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.n_mel_frames(), hp.n_mels);
+    res->mel = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2 * n_ctx, hp.n_mels);
     ggml_set_name(res->mel, "mel");
     ggml_set_input(res->mel);
 
-    // conv stem: [3000, n_mels] -> [3000, n_state] -> (stride 2) [1500, n_state]
+    // conv stem: [2n, n_mels] -> [2n, n_state] -> (stride 2) [n, n_state]
     ggml_tensor * x = ggml_gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv1_w, res->mel, 1, 1), m.conv1_b));
     x = ggml_gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv2_w, x, 2, 1), m.conv2_b));
-    x = ggml_add(ctx, ggml_cont(ctx, ggml_transpose(ctx, x)), m.enc_pos);  // [n_state, n_audio_ctx]
+    ggml_tensor * pos = ggml_view_2d(ctx, m.enc_pos, m.enc_pos->ne[0], n_ctx, m.enc_pos->nb[1], 0);
+    x = ggml_add(ctx, ggml_cont(ctx, ggml_transpose(ctx, x)), pos);  // [n_state, n_ctx]
 
     const int n_head = static_cast<int>(hp.n_audio_head);
     for (const encoder_layer & l : m.enc) {
@@ -227,7 +229,7 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
 
         cur = layer_norm(ctx, x, l.cross_ln);
         q = linear(ctx, cur, l.cross.q_w, l.cross.q_b);
-        cur = attention(ctx, q, kv.get_cross_k(ctx, il), kv.get_cross_v(ctx, il), nullptr, n_head);
+        cur = attention(ctx, q, kv.get_cross_k(ctx, il, p.n_cross), kv.get_cross_v(ctx, il, p.n_cross), nullptr, n_head);
         x = ggml_add(ctx, x, linear(ctx, cur, l.cross.o_w, l.cross.o_b));
 
         x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp));

@@ -32,7 +32,10 @@ struct decode_batch {
 struct decode_params {
     uint32_t n_tokens = 0;
     uint32_t n_outputs = 0;
-    bool operator==(const decode_params & o) const { return n_tokens == o.n_tokens && n_outputs == o.n_outputs; }
+    uint32_t n_cross = 0;  // encoder positions of the current window (cross-attention length)
+    bool operator==(const decode_params & o) const {
+        return n_tokens == o.n_tokens && n_outputs == o.n_outputs && n_cross == o.n_cross;
+    }
 };
 
 // One input tensor of a graph: fills itself from a batch and says whether it fits new params.
@@ -58,15 +61,18 @@ class graph_result {
     ggml_cgraph * gf = nullptr;
     decode_params params;
     std::vector<std::unique_ptr<graph_input>> inputs;
-    ggml_tensor * mel = nullptr;     // encoder input [n_frames, n_mels]
+    ggml_tensor * mel = nullptr;     // encoder input [2 * n_audio_ctx, n_mels]
+    uint32_t n_audio_ctx = 0;        // encoder positions this graph was built for
     ggml_tensor * logits = nullptr;  // decoder output [n_vocab, n_outputs]
 };
 
 // Graph capacity: a Whisper layer is ~60 nodes; large-v3 has 32+32 layers.
 constexpr size_t max_graph_nodes = 8192;
 
-// Encoder: mel [2*n_audio_ctx, n_mels] -> conv stem -> transformer -> cross K/V written into `kv`.
-std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv);
+// Encoder: mel [2*n_ctx, n_mels] -> conv stem -> transformer -> cross K/V rows [0, n_ctx) of `kv`.
+// n_ctx < hp.n_audio_ctx encodes a shorter audio context (ref: whisper.cpp `audio_ctx`): the
+// cost falls with it (attention quadratically), at some cost in accuracy the caller must weigh.
+std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv, uint32_t n_ctx);
 // Decoder: token batch -> logits of the requested outputs; writes the batch's K/V into `kv`.
 std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p);
 

@@ -49,8 +49,12 @@ ggml_tensor * kv_cache::heads_view(ggml_context * ctx, ggml_tensor * t, int64_t 
 
 ggml_tensor * kv_cache::get_k(ggml_context * ctx, int il) const { return heads_view(ctx, k_[il], n_ctx_); }
 ggml_tensor * kv_cache::get_v(ggml_context * ctx, int il) const { return heads_view(ctx, v_[il], n_ctx_); }
-ggml_tensor * kv_cache::get_cross_k(ggml_context * ctx, int il) const { return heads_view(ctx, ck_[il], n_audio_ctx_); }
-ggml_tensor * kv_cache::get_cross_v(ggml_context * ctx, int il) const { return heads_view(ctx, cv_[il], n_audio_ctx_); }
+ggml_tensor * kv_cache::get_cross_k(ggml_context * ctx, int il, uint32_t n_rows) const {
+    return heads_view(ctx, ck_[il], n_rows);
+}
+ggml_tensor * kv_cache::get_cross_v(ggml_context * ctx, int il, uint32_t n_rows) const {
+    return heads_view(ctx, cv_[il], n_rows);
+}
 
 ggml_tensor * kv_cache::cpy_k(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const {
     return ggml_set_rows(ctx, k_[il], cur, idxs);
@@ -59,13 +63,20 @@ ggml_tensor * kv_cache::cpy_v(ggml_context * ctx, ggml_tensor * cur, ggml_tensor
     return ggml_set_rows(ctx, v_[il], cur, idxs);
 }
 ggml_tensor * kv_cache::cpy_cross_k(ggml_context * ctx, ggml_tensor * cur, int il) const {
-    return ggml_cpy(ctx, cur, ck_[il]);
+    return ggml_cpy(ctx, cur, ggml_view_2d(ctx, ck_[il], n_state_, cur->ne[1], ck_[il]->nb[1], 0));
 }
 ggml_tensor * kv_cache::cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int il) const {
-    return ggml_cpy(ctx, cur, cv_[il]);
+    return ggml_cpy(ctx, cur, ggml_view_2d(ctx, cv_[il], n_state_, cur->ne[1], cv_[il]->nb[1], 0));
 }
 
-void kv_cache::apply(uint32_t n_past, uint32_t n_tokens) {
+void kv_cache::apply(uint32_t n_past, uint32_t n_tokens, uint32_t n_cross) {
+    if (n_cross > 0) {
+        if (n_cross > n_audio_ctx_) {
+            throw std::invalid_argument("a window has at most " + std::to_string(n_audio_ctx_) + " encoder positions");
+        }
+        cells_ = kv_cells{0, n_cross};
+        return;
+    }
     if (n_past > cells_.used) {
         throw std::invalid_argument("n_past " + std::to_string(n_past) + " is beyond the " +
                                     std::to_string(cells_.used) + " positions decoded so far");
@@ -135,19 +146,21 @@ size_t kv_cache::host_download_self(uint32_t row0, uint32_t n_rows) {
 }
 
 size_t kv_cache::host_upload_cross() {
+    const size_t n = cells_.cross * row_bytes_;
     for (size_t il = 0; il < ck_.size(); ++il) {
-        ggml_backend_tensor_set(ck_[il], host_ck_[il].data(), 0, host_ck_[il].size());
-        ggml_backend_tensor_set(cv_[il], host_cv_[il].data(), 0, host_cv_[il].size());
+        ggml_backend_tensor_set(ck_[il], host_ck_[il].data(), 0, n);
+        ggml_backend_tensor_set(cv_[il], host_cv_[il].data(), 0, n);
     }
-    return cross_bytes();
+    return 2 * ck_.size() * n;
 }
 
 size_t kv_cache::host_download_cross() {
+    const size_t n = cells_.cross * row_bytes_;
     for (size_t il = 0; il < ck_.size(); ++il) {
-        ggml_backend_tensor_get(ck_[il], host_ck_[il].data(), 0, host_ck_[il].size());
-        ggml_backend_tensor_get(cv_[il], host_cv_[il].data(), 0, host_cv_[il].size());
+        ggml_backend_tensor_get(ck_[il], host_ck_[il].data(), 0, n);
+        ggml_backend_tensor_get(cv_[il], host_cv_[il].data(), 0, n);
     }
-    return cross_bytes();
+    return 2 * ck_.size() * n;
 }
 
 }  // namespace aural

@@ -22,7 +22,8 @@ namespace aural {
 
 // Bookkeeping of the self-attention cells, kept apart from the tensors.
 struct kv_cells {
-    uint32_t used = 0;  // positions [0, used) hold valid K/V
+    uint32_t used = 0;   // positions [0, used) hold valid K/V
+    uint32_t cross = 0;  // cross-attention rows [0, cross) hold the current window's K/V
 };
 
 class kv_cache {
@@ -35,22 +36,24 @@ class kv_cache {
     // Views for graph builders, laid out for ggml_flash_attn_ext: [head_dim, n_rows, n_head].
     ggml_tensor * get_k(ggml_context * ctx, int il) const;
     ggml_tensor * get_v(ggml_context * ctx, int il) const;
-    ggml_tensor * get_cross_k(ggml_context * ctx, int il) const;
-    ggml_tensor * get_cross_v(ggml_context * ctx, int il) const;
+    ggml_tensor * get_cross_k(ggml_context * ctx, int il, uint32_t n_rows) const;
+    ggml_tensor * get_cross_v(ggml_context * ctx, int il, uint32_t n_rows) const;
     // Graph ops writing new rows: cur [n_state, n_tokens] f32 -> rows `idxs` (i64 [n_tokens]).
     ggml_tensor * cpy_k(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const;
     ggml_tensor * cpy_v(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const;
-    // Graph ops writing the whole window's cross K/V: cur [n_state, n_audio_ctx] f32.
+    // Graph ops writing a window's cross K/V: cur [n_state, n_rows] f32 -> rows [0, n_rows).
     ggml_tensor * cpy_cross_k(ggml_context * ctx, ggml_tensor * cur, int il) const;
     ggml_tensor * cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int il) const;
 
-    // Records that positions [n_past, n_past + n_tokens) are being written; positions beyond are
-    // forgotten (a rewind). Throws std::length_error when the arena would overflow.
-    void apply(uint32_t n_past, uint32_t n_tokens);
+    // The bookkeeping's only mutator. A new window (n_cross > 0) records its cross rows and forgets
+    // every self-attention cell; a decoder step records positions [n_past, n_past + n_tokens) and
+    // forgets those beyond (a rewind). Throws std::length_error when the arena would overflow.
+    void apply(uint32_t n_past, uint32_t n_tokens, uint32_t n_cross = 0);
     void clear();  // zero the buffer and forget every cell
 
     uint32_t n_ctx() const { return n_ctx_; }
     uint32_t used() const { return cells_.used; }
+    uint32_t cross_rows() const { return cells_.cross; }
     size_t self_bytes() const;   // self-attention K+V of all layers
     size_t cross_bytes() const;  // cross-attention K+V of all layers
     size_t row_bytes() const { return row_bytes_; }
@@ -60,7 +63,7 @@ class kv_cache {
     void enable_host_mirror();
     size_t host_upload_self(uint32_t n_rows);                 // rows [0, n_rows) of every layer
     size_t host_download_self(uint32_t row0, uint32_t n_rows);
-    size_t host_upload_cross();
+    size_t host_upload_cross();    // the current window's rows [0, cross_rows())
     size_t host_download_cross();
 
   private:

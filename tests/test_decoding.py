@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine import models
@@ -14,6 +16,7 @@ from aural.engine.decoding import (
     build_logit_filters,
     compression_ratio,
     decode_window,
+    detect_language,
     initial_tokens,
     suppress_blank,
     suppress_tokens,
@@ -164,6 +167,61 @@ def test_initial_tokens_layout(tok):
 def test_compression_ratio():
     assert compression_ratio("a" * 400) > 10
     assert compression_ratio("And so my fellow Americans") < 2.4
+
+
+# -- the decode loop, on a stand-in context --------------------------------------------------------
+
+
+class FakeContext:
+    """Stands in for `_native.Context`: every row favours one text token, so only limits stop."""
+
+    def __init__(self, favourite: int, capacity: int = 448):
+        self.favourite = favourite
+        self.calls: list[tuple[list[int], int, list[int] | None]] = []
+        self.stats = {"kv_capacity_tokens": capacity}
+        self.last_timings = {"compute_ms": 1.0, "kv_io_ms": 0.0, "kv_io_bytes": 0, "logits_ms": 0.1,
+                             "n_tokens": 1, "reused": True}
+
+    def decode(self, tokens, n_past, outputs=None):
+        self.calls.append((tokens.tolist(), n_past, outputs))
+        logits = np.zeros((len(outputs) if outputs else 1, N_VOCAB), dtype=np.float32)
+        logits[:, self.favourite] = 30.0
+        return logits
+
+
+def test_first_call_feeds_the_prompt_and_reads_two_rows(tok):
+    ctx = FakeContext(favourite=400)
+    options = DecodingOptions(prompt=[1000, 1001], sample_len=3)
+    result = decode_window(ctx, tok, options, 448)
+    assert ctx.calls[0] == ([tok.sot_prev, 1000, 1001, tok.sot], 0, [3])  # sot is also the last row
+    assert [c[1] for c in ctx.calls[1:]] == [4, 5]  # then one token per call, at the next position
+    assert result.tokens == [tok.timestamp_begin, 400, 400]  # a timestamp first, then the favourite
+    assert ctx.calls[1][0] == [tok.timestamp_begin]
+    without = FakeContext(favourite=400)
+    decode_window(without, tok, DecodingOptions(without_timestamps=True, sample_len=1), 448)
+    assert without.calls[0] == ([tok.sot, tok.no_timestamps], 0, [0, 1])  # sot row and last row
+
+
+def test_decoding_stops_when_the_text_context_is_full(tok):
+    ctx = FakeContext(favourite=400, capacity=50)
+    result = decode_window(ctx, tok, DecodingOptions(), 448)
+    assert max(n_past for _, n_past, _ in ctx.calls) == 49  # never past the arena
+    assert len(result.tokens) == 50
+    assert result.timer.n_calls == 50 and result.timer.reused_calls == 50
+
+
+def test_detect_language_reads_only_language_tokens():
+    specials = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|zh|>", "<|de|>", "<|translate|>",
+                "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+    vocab = {"hello": 0, "[UNK]": 1, **{s: 2 + i for i, s in enumerate(specials)}}
+    tok = WhisperTokenizer(Tokenizer(WordLevel(vocab, unk_token="[UNK]")), multilingual=True)
+    ctx = FakeContext(favourite=0)  # a text token wins overall; it must not count
+    ctx.decode = lambda tokens, n_past, outputs=None: np.array([[9.0, 0, 0, 0, 1.0, 3.0, 2.0] + [0] * 6])
+    language, probs = detect_language(ctx, tok)
+    assert language == "zh"
+    assert set(probs) == {"en", "zh", "de"} and sum(probs.values()) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        detect_language(ctx, WhisperTokenizer(tok._hf, multilingual=False))
 
 
 # -- real decodes ----------------------------------------------------------------------------------

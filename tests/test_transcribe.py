@@ -11,12 +11,23 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine.audio import load_audio
 from aural.engine.features import N_SAMPLES
-from aural.engine.transcribe import Segment, TranscribeOptions, _RollingAudio, split_segments, transcribe
+from aural.engine.decoding import DecodingResult
+from aural.engine.transcribe import (
+    Segment,
+    TranscribeOptions,
+    _is_silence,
+    _needs_fallback,
+    _RollingAudio,
+    split_segments,
+    transcribe,
+)
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
-# faster-whisper (tiny.en, greedy, int8) scores 6.6 % WER on these 18 clips after Whisper's English
-# normaliser; the engine must stay within one point of it.
-WER_BOUND = 0.076
+# The engine must stay within one point of faster-whisper (tiny.en, greedy, int8) on these 18 clips,
+# corpus WER after Whisper's English normaliser. The issue quoted 6.6 % for it (bound 7.6 %), but
+# bench/wer.py measures faster-whisper int8 at 8.4 % (24/286 words) and float32 at 8.7 % (25/286) on this
+# data (bench/results/wer.md), so the bound is 8.4 % + 1 point.
+WER_BOUND = 0.094
 
 normalize = EnglishTextNormalizer()
 
@@ -100,8 +111,10 @@ def test_graphs_are_reused(device_runs, clips):
 
 def test_graph_reuse_off_gives_identical_tokens(whisper_model, device_runs, clips):
     for clip in clips[:4]:
-        segments, _ = _run(whisper_model, clip.path, graph_reuse=False)
+        segments, result = _run(whisper_model, clip.path, graph_reuse=False)
         assert _tokens(segments) == _tokens(device_runs[clip.path.name][0]), clip.path.name
+        assert result.timings.graph_reuses == 0
+        assert result.timings.graph_builds == result.timings.n_decode_calls
 
 
 # -- long inputs -----------------------------------------------------------------------------------
@@ -147,10 +160,9 @@ def test_a_transcription_is_iterated_once(whisper_model, jfk_wav):
         iter(result)
 
 
-def test_array_input_matches_file_input(whisper_model, jfk_wav):
-    from_file, _ = _run(whisper_model, jfk_wav)
+def test_array_input_matches_file_input(whisper_model, device_runs, jfk_wav):
     from_array = list(transcribe(whisper_model, load_audio(jfk_wav)))
-    assert _tokens(from_array) == _tokens(from_file)
+    assert _tokens(from_array) == _tokens(device_runs[jfk_wav.name][0])
 
 
 # -- pieces ----------------------------------------------------------------------------------------
@@ -180,6 +192,23 @@ def test_split_without_pairs_is_one_segment():
     assert segments == [(60.0, 60.8, [TS, 1, 2, TS + 40])] and advance == 3000
     segments, advance = split_segments([1, 2], TS, time_offset=0.0, segment_size=1100, segment_duration=11.0)
     assert segments == [(0.0, 11.0, [1, 2])] and advance == 1100
+
+
+def test_fallback_and_silence_rules():
+    options = TranscribeOptions()
+
+    def result(**kw):
+        return DecodingResult(**{"avg_logprob": -0.3, "compression_ratio": 1.5, "no_speech_prob": 0.1, **kw})
+
+    assert not _needs_fallback(result(), options)
+    assert _needs_fallback(result(compression_ratio=2.5), options)  # too repetitive
+    assert _needs_fallback(result(avg_logprob=-1.2), options)  # too improbable
+    assert not _needs_fallback(result(avg_logprob=-1.2, no_speech_prob=0.7), options)  # silence: no retry
+    assert _needs_fallback(result(compression_ratio=2.5, no_speech_prob=0.7), options)
+    assert _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.7), options)
+    assert not _is_silence(result(avg_logprob=-0.5, no_speech_prob=0.7), options)  # confident text wins
+    assert not _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.5), options)
+    assert not _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.9), TranscribeOptions(no_speech_threshold=None))
 
 
 def test_rolling_audio_holds_at_most_a_window_ahead():

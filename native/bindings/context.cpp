@@ -30,13 +30,13 @@ std::unique_ptr<context> make_context(const model & m, const std::string & kv_mo
 
 void encode(context & self, const float_array & mel) {
     const hparams & hp = self.mdl.hp;
-    if (mel.ndim() != 2 || mel.shape(0) != hp.n_mels || mel.shape(1) != hp.n_mel_frames()) {
-        throw std::invalid_argument("mel must be float32 of shape (" + std::to_string(hp.n_mels) + ", " +
-                                    std::to_string(hp.n_mel_frames()) + ")");
+    if (mel.ndim() != 2 || mel.shape(0) != hp.n_mels) {
+        throw std::invalid_argument("mel must be float32 of shape (" + std::to_string(hp.n_mels) + ", n_frames)");
     }
     const float * data = mel.data();
+    const auto n_frames = static_cast<uint32_t>(mel.shape(1));
     py::gil_scoped_release release;
-    self.encode(data);
+    self.encode(data, n_frames);
 }
 
 py::array_t<float> decode(context & self, const int_array & tokens, uint32_t n_past,
@@ -90,6 +90,8 @@ py::dict stats_dict(const context & self) {
     d["decode_calls"] = s.decode_calls;
     d["tokens_decoded"] = s.tokens_decoded;
     d["encode_calls"] = s.encode_calls;
+    d["encoder_builds"] = s.encoder_builds;
+    d["cross_rows"] = self.kv().cross_rows();
     d["encoder_ms_total"] = s.encoder_ms_total;
     d["compute_ms_total"] = s.compute_ms_total;
     d["kv_io_ms_total"] = s.kv_io_ms_total;
@@ -121,7 +123,8 @@ void register_context(py::module_ & m) {
              py::arg("graph_reuse") = true, py::arg("n_threads") = 0, py::keep_alive<1, 2>(),
              "kv_mode 'device' keeps the KV history on the device; 'host' is the round-trip baseline.")
         .def("encode", &encode, py::arg("mel"),
-             "Encode one 30 s window: mel float32 (n_mels, 3000); computes the cross K/V on the device.")
+             "Encode one window: mel float32 (n_mels, n_frames), n_frames even and <= 3000 (30 s); fewer "
+             "frames encode a shorter audio context. Computes the cross K/V on the device.")
         .def("decode", &decode, py::arg("tokens"), py::arg("n_past"), py::arg("outputs") = py::none(),
              "Append int32 `tokens` at position n_past; returns float32 logits (len(outputs), n_vocab), "
              "by default for the last token only.")
