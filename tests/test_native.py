@@ -1,0 +1,163 @@
+"""The native engine directly: device-resident vs host KV, graph reuse, the arena's limits, the
+backend report, shorter audio contexts, and load errors that must name the file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aural import _native
+from aural.engine import audio, features
+
+EOT, SOT, NO_TIMESTAMPS = 50256, 50257, 50362  # tiny.en special tokens
+
+
+@pytest.fixture(scope="module")
+def native_model(tiny_gguf):
+    return _native.Model(str(tiny_gguf))
+
+
+@pytest.fixture(scope="module")
+def jfk_mel(jfk_wav):
+    samples = audio.load_audio(jfk_wav)
+    return features.log_mel_spectrogram(features.pad_or_trim(samples, features.N_SAMPLES))
+
+
+def greedy(ctx, mel, max_tokens=60):
+    """Plain argmax decoding (no Whisper rules): enough to compare two engine configurations."""
+    ctx.encode(np.ascontiguousarray(mel))
+    logits = ctx.decode(np.array([SOT, NO_TIMESTAMPS], dtype=np.int32), 0)
+    tokens, n_past = [], 2
+    for _ in range(max_tokens):
+        token = int(np.argmax(logits[-1]))
+        if token == EOT:
+            break
+        tokens.append(token)
+        logits = ctx.decode(np.array([token], dtype=np.int32), n_past)
+        n_past += 1
+    return tokens
+
+
+def test_device_and_host_kv_give_identical_tokens(native_model, jfk_mel):
+    device = _native.Context(native_model, kv_mode="device")
+    host = _native.Context(native_model, kv_mode="host")
+    tokens = greedy(device, jfk_mel)
+    assert len(tokens) > 10
+    assert greedy(host, jfk_mel) == tokens
+    # Device mode moves no KV bytes; host mode moves the whole prefix and the cross K/V every step.
+    assert device.stats["kv_io_bytes_total"] == 0 and device.last_encode["kv_io_bytes"] == 0
+    row = native_model.hparams["n_text_state"] * 2  # one f16 K or V row
+    layers = native_model.hparams["n_text_layer"]
+    cross = 2 * layers * native_model.hparams["n_audio_ctx"] * row
+    n_past = 2 + len(tokens) - 1  # position of the last step
+    assert host.last_timings["kv_io_bytes"] == cross + 2 * layers * row * n_past + 2 * layers * row
+
+
+def test_graph_is_reused_and_reuse_off_changes_nothing(native_model, jfk_mel):
+    reused = _native.Context(native_model)
+    tokens = greedy(reused, jfk_mel)
+    stats = reused.stats
+    assert stats["graph_reuses"] == stats["decode_calls"] - 2  # the prompt and the first 1-token step build
+    assert reused.last_timings["reused"]
+    fresh = _native.Context(native_model, graph_reuse=False)
+    assert greedy(fresh, jfk_mel) == tokens
+    assert fresh.stats["graph_reuses"] == 0
+    assert fresh.stats["graph_builds"] == fresh.stats["decode_calls"]
+
+
+def test_shorter_audio_context_keeps_the_words(native_model, jfk_mel):
+    ctx = _native.Context(native_model)
+    full = greedy(ctx, jfk_mel)
+    short = greedy(ctx, jfk_mel[:, :1200])  # 12 s of context for 11 s of speech
+    assert ctx.stats["cross_rows"] == 600
+    # The same words; punctuation may differ (Whisper saw 30 s windows in training).
+    assert len(set(short) & set(full)) >= 0.8 * len(set(full))
+    assert greedy(ctx, jfk_mel) == full  # back to 30 s: the original result
+
+
+def test_arena_limits_and_bad_arguments(native_model, jfk_mel):
+    ctx = _native.Context(native_model)
+    with pytest.raises(RuntimeError, match="decode before encode"):
+        ctx.decode(np.array([SOT], dtype=np.int32), 0)
+    ctx.encode(np.ascontiguousarray(jfk_mel))
+    n_text_ctx = native_model.hparams["n_text_ctx"]
+    with pytest.raises(_native.ContextFullError):
+        ctx.decode(np.full(n_text_ctx + 1, 440, dtype=np.int32), 0)
+    with pytest.raises(ValueError, match="beyond"):
+        ctx.decode(np.array([440], dtype=np.int32), 5)  # nothing decoded yet at position 4
+    with pytest.raises(ValueError, match="vocabulary"):
+        ctx.decode(np.array([10**6], dtype=np.int32), 0)
+    with pytest.raises(ValueError, match="mel frames"):
+        ctx.encode(np.zeros((80, 3001), np.float32))
+    with pytest.raises(ValueError, match="kv_mode"):
+        _native.Context(native_model, kv_mode="disk")
+    # After errors the context still works.
+    assert ctx.decode(np.array([SOT, NO_TIMESTAMPS], dtype=np.int32), 0).shape == (1, 51864)
+
+
+def test_backend_report_shows_where_ops_run(native_model, jfk_mel):
+    ctx = _native.Context(native_model)
+    greedy(ctx, jfk_mel, max_tokens=2)
+    report = ctx.backend_report
+    assert report["primary"] == native_model.device
+    assert sum(report["encoder"]["nodes_per_backend"].values()) > 50
+    assert sum(report["decoder"]["nodes_per_backend"].values()) > 50
+    if native_model.backend == "CPU":
+        assert report["fallback_ops"] == []  # nothing can fall back from the CPU
+
+
+def test_devices_and_weight_types():
+    devices = _native.devices()
+    assert any(d["type"] == "cpu" and d["memory_total"] > 0 for d in devices)
+    assert _native.select_device("cpu") == "CPU"
+    assert set(_native.supported_weight_types("CPU")) >= {"f32", "f16", "q8_0"}
+    with pytest.raises(ValueError, match="available"):
+        _native.select_device("no-such-gpu")
+
+
+def _write_gguf(path, arch="whisper", tensors=None, keys=True):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    if keys:
+        for key, value in {"vocab_size": 51864, "audio.context_length": 1500, "audio.embedding_length": 384,
+                           "audio.head_count": 6, "audio.block_count": 4, "text.context_length": 448,
+                           "text.embedding_length": 384, "text.head_count": 6, "text.block_count": 4,
+                           "n_mels": 80}.items():
+            writer.add_uint32(f"{arch}.{key}", value)
+    for name, array in (tensors or {}).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("case, message", [
+    ("truncated", "truncated|not a readable GGUF"),
+    ("not_gguf", "not a readable GGUF"),
+    ("wrong_arch", "architecture is 'llama'"),
+    ("missing_key", "missing key 'whisper.vocab_size'"),
+    ("missing_tensor", "missing tensor 'enc.conv1.weight'"),
+    ("wrong_shape", "tensor 'enc.conv1.weight' has shape"),
+    ("missing_file", "model file not found"),
+])
+def test_bad_model_files_name_the_file(tmp_path, tiny_gguf, case, message):
+    path = tmp_path / f"{case}.gguf"
+    if case == "truncated":
+        data = tiny_gguf.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif case == "not_gguf":
+        path.write_bytes(b"RIFF" + bytes(1000))
+    elif case == "wrong_arch":
+        _write_gguf(path, arch="llama")
+    elif case == "missing_key":
+        _write_gguf(path, keys=False)
+    elif case == "missing_tensor":
+        _write_gguf(path, tensors={"dec.ln.weight": np.zeros(384, np.float32)})
+    elif case == "wrong_shape":
+        _write_gguf(path, tensors={"enc.conv1.weight": np.zeros((384, 40, 3), np.float16)})
+    with pytest.raises(RuntimeError, match=message) as err:
+        _native.Model(str(path))
+    assert str(path) in str(err.value)
