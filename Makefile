@@ -65,3 +65,15 @@ bench: setup
 
 clean:
 	rm -rf build dist $(VENV)
+
+# Packaging (packaging/build.sh): the wheel and sdist in dist/, and the self-contained one-folder bundle
+# dist/aural/ built by PyInstaller against a portable ggml (every CPU variant, chosen at run time) in
+# build/package-venv. The first run compiles ggml's CPU backend many times over: tens of minutes.
+.PHONY: package install-desktop
+package:
+	packaging/build.sh
+
+# The desktop entry, AppStream metadata and icons for the current user (~/.local/share); links
+# ~/.local/bin/aural to the bundle when there is one.
+install-desktop:
+	packaging/install-desktop.sh

@@ -62,8 +62,9 @@ class ClipResult:
         matched: offline words matched to a streamed word.
         partial_s: per matched word, seconds from its spoken end to its first showing.
         commit_s: per matched word, seconds from its spoken end to its commit.
-        wer_offline: WER of the offline transcript against the reference.
-        wer_stream: WER of the concatenated commits against the reference.
+        reference_words: words of the (normalised) reference transcript.
+        errors_offline: word errors of the offline transcript against the reference.
+        errors_stream: word errors of the concatenated commits against the reference.
         rtf_mean: streaming processing time over audio (from the last Metrics).
         first_partial_s: wall seconds from the first speech read to the first partial.
         n_steps: decode steps.
@@ -77,8 +78,9 @@ class ClipResult:
     matched: int = 0
     partial_s: list[float] = field(default_factory=list)
     commit_s: list[float] = field(default_factory=list)
-    wer_offline: float = 0.0
-    wer_stream: float = 0.0
+    reference_words: int = 0
+    errors_offline: int = 0
+    errors_stream: int = 0
     rtf_mean: float = 0.0
     first_partial_s: float | None = None
     n_steps: int = 0
@@ -146,8 +148,8 @@ def measure_clip(model: WhisperModel, clip, speed: float, options: StreamOptions
             result.partial_s.append(first[j] - spoken)
             result.commit_s.append(committed_at[j] - spoken)
     result.matched = len(result.commit_s)
-    result.wer_offline = _wer(clip.reference, text)
-    result.wer_stream = _wer(clip.reference, " ".join(streamed))
+    result.errors_offline, result.reference_words = word_errors(clip.reference, text)
+    result.errors_stream, _ = word_errors(clip.reference, " ".join(streamed))
     _add_costs(result, [e for _, e in timed if isinstance(e, Metrics)])
     return result
 
@@ -204,6 +206,7 @@ def long_audio(clips, minutes: float, folder: Path) -> tuple[Path, str]:
 def measure_long(model: WhisperModel, clips, minutes: float, options: StreamOptions) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         path, reference = long_audio(clips, minutes, Path(folder))
+        offline = " ".join(segment.text for segment in transcribe(model, path))
         rss_start = rss_mb()
         started = time.perf_counter()
         events = list(live_events(model, ReplaySource(path, speed=0), options))
@@ -213,7 +216,8 @@ def measure_long(model: WhisperModel, clips, minutes: float, options: StreamOpti
     windows = [e.window_s for e in events if isinstance(e, Metrics)]
     return {"minutes": minutes, "audio_s": last.audio_s, "wall_s": wall, "rtf": wall / last.audio_s,
             "n_steps": last.n_steps, "rss_start_mb": rss_start, "rss_end_mb": rss_mb(),
-            "peak_rss_mb": last.peak_rss_mb, "max_window_s": max(windows), "wer_stream": _wer(reference, text),
+            "peak_rss_mb": last.peak_rss_mb, "max_window_s": max(windows), "wer_offline": _wer(reference, offline),
+            "wer_stream": _wer(reference, text),
             "dropped_blocks": last.dropped_blocks, "graph_builds": last.graph_builds,
             "graph_reuses": last.graph_reuses}
 
@@ -226,7 +230,8 @@ def markdown(report: dict) -> str:
              fmt(percentiles(r["partial_s"])["p50"]), fmt(percentiles(r["partial_s"])["p90"]),
              fmt(percentiles(r["commit_s"])["p50"]), fmt(percentiles(r["commit_s"])["p90"]),
              fmt(r["rtf_mean"]), fmt(r["first_partial_s"]), fmt(r["encoder_ms"], 0), r["dropped_blocks"],
-             fmt(r["wer_offline"] * 100, 1), fmt(r["wer_stream"] * 100, 1))
+             fmt(_percent(r["errors_offline"], r["reference_words"]), 1),
+             fmt(_percent(r["errors_stream"], r["reference_words"]), 1))
             for r in report["clips"]]
     s = report["summary"]
     rows.append(("**all**", fmt(s["audio_s"], 1), f"{s['matched']}/{s['words']}", fmt(s["partial"]["p50"]),
@@ -235,17 +240,17 @@ def markdown(report: dict) -> str:
                  fmt(s["wer_offline"] * 100, 1), fmt(s["wer_stream"] * 100, 1)))
     header = ("clip", "audio s", "words matched", "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s",
               "RTF", "first partial s", "encoder ms", "dropped", "WER offline %", "WER stream %")
-    parts = [f"# Live captioning latency ({report['model']}, {report['device']}, speed {report['speed']}, "
-             f"step {report['step_s']} s)", "", f"Word end times: {TIMING_SOURCE}.", "",
+    parts = [f"# Live captioning latency ({report['model']}, {report['device']}, {report['threads'] or 'auto'} "
+             f"threads, speed {report['speed']}, step {report['step_s']} s)", "", f"Word end times: {TIMING_SOURCE}.", "",
              md_table(header, rows), "", f"Machine: {report['machine']}"]
     if report.get("long"):
         lr = report["long"]
         parts += ["", f"## {lr['minutes']:g} minutes of dev clips at speed 0", "", md_table(
             ("audio s", "wall s", "RTF", "steps", "RSS start MiB", "RSS end MiB", "peak RSS MiB", "max window s",
-             "WER stream %", "dropped"),
+             "WER offline %", "WER stream %", "dropped"),
             [(fmt(lr["audio_s"], 0), fmt(lr["wall_s"], 0), fmt(lr["rtf"]), lr["n_steps"], fmt(lr["rss_start_mb"], 0),
               fmt(lr["rss_end_mb"], 0), fmt(lr["peak_rss_mb"], 0), fmt(lr["max_window_s"], 1),
-              fmt(lr["wer_stream"] * 100, 1), lr["dropped_blocks"])])]
+              fmt(lr["wer_offline"] * 100, 1), fmt(lr["wer_stream"] * 100, 1), lr["dropped_blocks"])])]
     return "\n".join(parts) + "\n"
 
 
@@ -261,10 +266,14 @@ def summarize(results: list[ClipResult]) -> dict:
         "first_partial_median_s": float(np.median([r.first_partial_s for r in results if r.first_partial_s])),
         "encoder_ms": float(np.mean([r.encoder_ms for r in results if r.encoder_ms])),
         "dropped_blocks": sum(r.dropped_blocks for r in results),
-        # Word-weighted: errors over reference words, across clips.
-        "wer_offline": sum(r.wer_offline * r.words for r in results) / words,
-        "wer_stream": sum(r.wer_stream * r.words for r in results) / words,
+        # Errors over reference words, across all clips.
+        "wer_offline": sum(r.errors_offline for r in results) / sum(r.reference_words for r in results),
+        "wer_stream": sum(r.errors_stream for r in results) / sum(r.reference_words for r in results),
     }
+
+
+def _percent(errors: int, words: int) -> float | None:
+    return 100 * errors / words if words else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", type=float, default=1.0, help="StreamOptions.step_s")
     p.add_argument("--clips", help="comma-separated clip names (default: the 18 English dev clips)")
     p.add_argument("--model", help="model name or .gguf path (default: the bundled tiny.en)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads of the model (default 0: automatic)")
     p.add_argument("--long-minutes", type=float, default=0.0, help="also stream N minutes of clips at speed 0")
     p.add_argument("--out", type=Path, default=RESULTS / "latency", help="output stem (.json and .md)")
     args = p.parse_args(argv)
@@ -282,26 +292,32 @@ def main(argv: list[str] | None = None) -> int:
     clips = english_dev_clips()
     if args.clips:
         clips = [c for c in clips if c.name in args.clips.split(",")]
-    model = WhisperModel(resolve_model(args.model))
+    model = WhisperModel(resolve_model(args.model), n_threads=args.threads)
     options = StreamOptions(step_s=args.step)
     results = []
     for clip in clips:
         results.append(measure_clip(model, clip, args.speed, options))
         r = results[-1]
-        logger.info("%s: partial p50 %s s, commit p50 %s s, RTF %.2f, WER %.3f/%.3f", clip.name,
-                    fmt(percentiles(r.partial_s)["p50"]), fmt(percentiles(r.commit_s)["p50"]), r.rtf_mean,
-                    r.wer_offline, r.wer_stream)
-    report = {"model": model.name, "device": model.device, "backend": model.backend, "speed": args.speed,
+        logger.info("%s: partial p50 %s s, commit p50 %s s, RTF %.2f, errors offline %d stream %d of %d words",
+                    clip.name, fmt(percentiles(r.partial_s)["p50"]), fmt(percentiles(r.commit_s)["p50"]), r.rtf_mean,
+                    r.errors_offline, r.errors_stream, r.reference_words)
+    report = {"model": model.name, "device": model.device, "backend": model.backend, "threads": args.threads,
+              "speed": args.speed,
               "step_s": args.step, "timing_source": TIMING_SOURCE, "machine": machine_info(),
               "clips": [asdict(r) for r in results], "summary": summarize(results)}
+    write(report, args.out)
     if args.long_minutes:
         report["long"] = measure_long(model, english_dev_clips(), args.long_minutes, options)
         logger.info("long run: %s", report["long"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    args.out.with_suffix(".md").write_text(markdown(report))
+        write(report, args.out)
     print(markdown(report))
     return 0
+
+
+def write(report: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    out.with_suffix(".md").write_text(markdown(report))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,9 @@ CLIP_KEYS = {
 SERIES_KEYS = {"10s": 10, "1min": 60, "5min": 300, "30min": 1800}
 SERIES_AUDIO = {10: "series-10s", 60: "series-1min", 300: "series-5min", 1800: "series-30min"}
 DEFAULT_CLIPS = "jfk,sonnet,10s,1min,5min"
-PEER_FAMILIES = ("faster-whisper", "whisper.cpp")
+# Table and plot labels of the configurations, in colour order.
+LABELS = ("Aural (KV device)", "Aural (KV host)", "faster-whisper int8", "faster-whisper float32",
+          "whisper.cpp (ggml f16)")
 
 
 @dataclass
@@ -355,7 +357,8 @@ def make_plots(rows: list[dict[str, Any]], audio: dict[str, dict], out_dir: Path
     ok = [r for r in rows if not r.get("error") and not r.get("unsupported")]
     # One colour per engine set-up in every plot.
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    colour = {label: palette[i % len(palette)] for i, label in enumerate(dict.fromkeys(r["label"] for r in rows))}
+    labels = list(dict.fromkeys([*LABELS, *(r["label"] for r in rows)]))
+    colour = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
 
     # 1. RTF per clip and engine, one panel per decoding mode.
     modes = [m for m in ("greedy", "beam5") if any(r["mode"] == m for r in ok)]
@@ -421,7 +424,11 @@ def make_plots(rows: list[dict[str, Any]], audio: dict[str, dict], out_dir: Path
                 pts.sort()
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label, color=colour[label])
         ax.set_xscale("log")
-        ax.set_xlabel("input length, s (log)")
+        ticks = sorted(audio[k]["duration_s"] for k in series)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([f"{t:.0f} s" if t < 90 else f"{t / 60:.0f} min" for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("input length (log scale)")
         ax.set_ylabel("RTF (median)")
         ax.set_title("Scaling with input length, greedy")
         ax.legend(fontsize=7)

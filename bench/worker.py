@@ -153,10 +153,20 @@ class WhisperCppEngine:
             logprob_thold=-1.0, no_speech_thold=0.6)
         if self.beam > 1:
             params["beam_search"] = {"beam_size": self.beam, "patience": -1.0}
-        self.model = Model(spec["model"], params_sampling_strategy=0 if self.beam == 1 else 1,
-                           redirect_whispercpp_logs_to=None, **params)
+        self._new_model = lambda: Model(spec["model"], params_sampling_strategy=0 if self.beam == 1 else 1,
+                                        redirect_whispercpp_logs_to=None, **params)
+        self.model = self._new_model()
         self.ctx = self.model._ctx
+        self._used = False
         self.info = {"system_info": pw.whisper_print_system_info()}
+
+    def _fresh_context(self) -> None:
+        # whisper.cpp keeps the decoded text (prompt_past) in its context between whisper_full calls and,
+        # with no_context=False, prompts the next input with it; Aural and faster-whisper start every
+        # transcription clean, so each input after the first gets a freshly loaded context (untimed).
+        self.model = None  # pywhispercpp frees the old context in __del__
+        self.model = self._new_model()
+        self.ctx = self.model._ctx
 
     def warm_up(self, samples: np.ndarray) -> None:
         # Not whisper_full: that would leave the warm-up text in whisper.cpp's prompt_past, which the
@@ -184,6 +194,9 @@ class WhisperCppEngine:
 
     def transcribe(self, samples: np.ndarray) -> dict[str, Any]:
         pw = self.pw
+        if self._used:
+            self._fresh_context()
+        self._used = True
         pw.whisper_reset_timings(self.ctx)
         start = time.perf_counter()
         segments = self.model.transcribe(samples)
