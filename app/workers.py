@@ -91,7 +91,7 @@ class FileWorker(QObject):
         self._stop = threading.Event()
 
     def stop(self) -> None:
-        """Thread-safe: the worker stops after the window it is decoding."""
+        """Thread-safe: the worker stops within one decoder step."""
         self._stop.set()
 
     @Slot()
@@ -107,16 +107,15 @@ class FileWorker(QObject):
         if self._stop.is_set():
             self.cancelled.emit()
             return
+        # The engine checks the stop flag at every decoder step, so a cancel lands within one step.
         result = transcribe(self._model, self._path, self._options, kv_mode=self._kv_mode,
-                            progress=self.progress.emit)
+                            progress=self.progress.emit, stop=self._stop)
         self.opened.emit(result.info)
-        segments = iter(result)
-        for segment in segments:
+        for segment in result:
             self.segment.emit(segment)
-            if self._stop.is_set():
-                segments.close()  # releases the native session now, not at garbage collection
-                self.cancelled.emit()
-                return
+        if self._stop.is_set():
+            self.cancelled.emit()
+            return
         self.done.emit(result.timings)
 
 

@@ -10,6 +10,7 @@ ApplyTimestampRules) rule for rule.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -269,13 +270,15 @@ def _tokenizer_for(tokenizer: WhisperTokenizer, options: DecodingOptions) -> Whi
     return tokenizer.with_options(language=language, task=options.task)
 
 
-def decode_window(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_text_ctx: int) -> DecodingResult:
+def decode_window(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_text_ctx: int, *,
+                  stop: threading.Event | None = None) -> DecodingResult:
     """Decodes the window last encoded in `ctx` (a `_native.Context`).
 
     The first call feeds the whole initial sequence at n_past=0 and asks for logits at the
     <|startoftranscript|> position (no-speech probability) and at the last position; then one token
-    per call. Decoding stops at end of text, after `sample_len` tokens, or when the next token would
-    not fit the text context (ref: openai-whisper decoding.py DecodingTask._main_loop).
+    per call. Decoding stops at end of text, after `sample_len` tokens, when the next token would
+    not fit the text context (ref: openai-whisper decoding.py DecodingTask._main_loop), or when
+    `stop` is set (a cancel: the result is then incomplete).
     """
     tokenizer = _tokenizer_for(tokenizer, options)
     initial = initial_tokens(tokenizer, options, n_text_ctx)
@@ -297,6 +300,8 @@ def decode_window(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_
     sampled: list[int] = []
     sum_logprob = 0.0
     for step in range(sample_len):
+        if stop is not None and stop.is_set():
+            break
         if step > 0:
             if n_past >= capacity:
                 logger.debug("text context full after %s tokens", n_past)

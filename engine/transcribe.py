@@ -10,6 +10,7 @@ transcribe.py (`transcribe`) and faster-whisper transcribe.py (`generate_segment
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -292,7 +293,7 @@ class _Run:
     """State of one transcription: the session, the rolling audio, the prompt and the timings."""
 
     def __init__(self, model: WhisperModel, options: TranscribeOptions, ctx, rolling: _RollingAudio,
-                 timings: Timings):
+                 timings: Timings, stop: threading.Event | None = None):
         self.model = model
         self.tokenizer: WhisperTokenizer = model.tokenizer
         self.options = options
@@ -307,6 +308,10 @@ class _Run:
             self.prompt.extend(model.tokenizer.encode(" " + options.initial_prompt.strip()))
         self.encoded_seek: int | None = None
         self.n_segments = 0
+        self.stop = stop
+
+    def stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
 
     def resolve_language(self) -> str:
         """The language to decode: as given, "en" for English-only models, else detected on the first
@@ -330,11 +335,12 @@ class _Run:
         content_frames = self.rolling.total_samples // HOP_LENGTH if self.rolling.exhausted else None
         if content_frames is not None and seek >= content_frames:
             return None
+        frames = N_FRAMES if content_frames is None else min(N_FRAMES, content_frames - seek)
         if self.encoded_seek != seek:
             self.ctx.encode(_window_mel(samples, self.model))
             self.timings.add_window(self.ctx.last_encode["encoder_ms"])
             self.encoded_seek = seek
-        return N_FRAMES if content_frames is None else min(N_FRAMES, content_frames - seek)
+        return frames
 
     def decode(self, seek: int) -> DecodingResult:
         """Decodes the encoded window, falling back to higher temperatures while it fails."""
@@ -347,7 +353,7 @@ class _Run:
                 # Distinct per window and reproducible across runs.
                 seed=o.seed + seek,
             )
-            result = decode_window(self.ctx, self.tokenizer, decoding, self.model.n_text_ctx)
+            result = decode_window(self.ctx, self.tokenizer, decoding, self.model.n_text_ctx, stop=self.stop)
             self.tokens.merge(result.timer)
             if not _needs_fallback(result, o):
                 break
@@ -390,8 +396,10 @@ def _segments(run: _Run, started: float, total_s: float | None,
               progress: Callable[[float, float], None] | None) -> Iterator[Segment]:
     seek = 0
     try:
-        while (segment_size := run.encode(seek)) is not None:
+        while not run.stopped() and (segment_size := run.encode(seek)) is not None:
             segments, seek = run.window(seek, segment_size)
+            if run.stopped():  # the window was cut short: its text is incomplete, keep none of it
+                break
             yield from segments
             if progress is not None:
                 done_s = seek * HOP_LENGTH / SAMPLE_RATE
@@ -408,19 +416,21 @@ def _segments(run: _Run, started: float, total_s: float | None,
 def transcribe(model: WhisperModel, source: str | Path | np.ndarray, options: TranscribeOptions | None = None, *,
                kv_mode: str = "device", graph_reuse: bool = True, raw_rate: int | None = None,
                raw_format: str | None = None,
-               progress: Callable[[float, float], None] | None = None) -> Transcription:
+               progress: Callable[[float, float], None] | None = None,
+               stop: threading.Event | None = None) -> Transcription:
     """Transcribes a file (any format `audio.stream_audio` reads) or a 16 kHz mono float32 array.
 
     Returns at once (after language detection, for multilingual models without a language) with a
     `Transcription` whose segments are decoded as they are iterated. `progress(done_s, total_s)` is
-    called after each window.
+    called after each window. Setting `stop` ends the iteration within one decoder step (the
+    window being decoded is dropped); segments already yielded stay valid.
     """
     options = options or TranscribeOptions()
     started = time.perf_counter()
     chunks, path, duration_s = _open_source(source, raw_rate, raw_format)
     ctx = model.new_session(kv_mode=kv_mode, graph_reuse=graph_reuse)
     timings = Timings(load_s=model.load_s, backend=model.backend, device=model.device, kv_mode=kv_mode)
-    run = _Run(model, options, ctx, _RollingAudio(chunks), timings)
+    run = _Run(model, options, ctx, _RollingAudio(chunks), timings, stop)
     language = run.resolve_language()
     info = TranscriptionInfo(path=path, language=language, duration_s=duration_s, model=model.name,
                              backend=model.backend, device=model.device, kv_mode=kv_mode)

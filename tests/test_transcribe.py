@@ -229,3 +229,17 @@ def test_rolling_audio_holds_at_most_a_window_ahead():
         assert window[0] == start // chunk
     assert largest <= N_SAMPLES + 2 * chunk
     assert rolling.exhausted and rolling.total_samples == 100 * chunk
+
+
+def test_stop_ends_a_long_transcription_within_a_step(whisper_model, three_minutes):
+    import threading
+
+    stop = threading.Event()
+    result = transcribe(whisper_model, three_minutes, stop=stop)
+    segments = []
+    for segment in result:
+        segments.append(segment)
+        stop.set()  # cancel right after the first segment
+    # The first window's segments were delivered; the run stopped without decoding the rest.
+    assert segments and segments[-1].end <= 30.0 + 1e-6
+    assert result.timings.n_windows <= 2
