@@ -1,5 +1,6 @@
-"""The icon and stylesheet in the repository's resources/ folder (absent from a wheel: the app then
-uses Qt's defaults)."""
+"""The icon and stylesheet of resources/: the `aural` package's resources/ folder once installed (the wheel
+maps the repository's resources/ there, and the PyInstaller bundle keeps that layout), which from a checkout
+is the repository's own resources/. Where it is missing the app uses Qt's defaults."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from PySide6.QtGui import QIcon
 
 __all__ = ["ICON_SIZES", "RESOURCES", "app_icon", "stylesheet"]
 
+# <aural>/app/resources.py -> <aural>/resources; in a checkout app/resources.py -> <repo>/resources.
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 ICON_SIZES = (16, 24, 32, 48, 64, 128, 256)
 

@@ -11,6 +11,10 @@ Cache layout: <cache>/models/<name>-<wtype>.gguf plus <name>-<wtype>.gguf.sha256
 is cached as ct2-<first 16 hex of its model.bin sha256>-<wtype>.gguf. Files only ever appear by atomic
 rename, and conversion is deterministic, so two processes filling the cache at once both end with the same
 intact file (at worst both convert); no lock is needed.
+
+Bundled models: a self-contained build (the PyInstaller bundle of `make package`) ships converted files as
+<package>/models/<name>-<wtype>.gguf, next to engine/ and app/. A known name resolves to such a file first,
+as it is (read-only, no sidecar), so the bundle never needs the CTranslate2 packages or a writable cache.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ DEFAULT_MODEL = "tiny.en"
 _CACHE_ENV = "AURAL_CACHE_DIR"
 _HASH_CHUNK = 1 << 20  # bytes per read when joining and verifying parts
 _MIB = 2**20
+# The `aural` package folder's models/ (absent in a wheel or a checkout; see "Bundled models" above).
+_BUNDLED_DIR = Path(__file__).resolve().parent.parent / "models"
 _WTYPE_BY_FILE_TYPE = {code: wtype for wtype, code in FILE_TYPES.items()}
 
 
@@ -122,8 +128,8 @@ class ModelEntry:
         name: registry name, as given to resolve_model.
         description: one line about the model and its source.
         packages: PyPI packages that provide its CTranslate2 files.
-        installed: whether all of those packages are installed.
-        cached: converted GGUFs in the cache, in WEIGHT_TYPES order.
+        installed: whether all of those packages are installed, or a converted file is bundled.
+        cached: converted GGUFs, bundled or in the cache, in WEIGHT_TYPES order.
         default: whether it is the model used when none is named.
     """
 
@@ -145,13 +151,17 @@ def resolve_model(spec: str | Path | None = None, *, wtype: str = "f16") -> Path
 
     spec: None (DEFAULT_MODEL), a known name ("tiny.en", "base"; a name wins over a same-named folder, so
     write ./base for a folder), a .gguf path (returned as is, whatever wtype says), or a CTranslate2 directory.
-    Later calls reuse the cached file after checking its sha256 (about 0.1 s for tiny.en f16).
+    A known name bundled with the program resolves to the bundled file. Later calls reuse the cached file
+    after checking its sha256 (about 0.1 s for tiny.en f16).
     """
     if wtype not in WEIGHT_TYPES:
         raise ModelError(f"Unknown weight type '{wtype}'; accepted: {', '.join(WEIGHT_TYPES)}.")
     spec = DEFAULT_MODEL if spec is None else spec
     if isinstance(spec, str) and spec in _SOURCES:
         source = _SOURCES[spec]
+        bundled = _bundled(source.name, wtype)
+        if bundled.is_file():
+            return bundled
         return _cached(cache_dir() / f"{source.name}-{wtype}.gguf", lambda out: _convert_source(source, out, wtype))
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -163,6 +173,10 @@ def resolve_model(spec: str | Path | None = None, *, wtype: str = "f16") -> Path
     raise ModelError(
         f"'{spec}' is not a known model ({', '.join(_SOURCES)}), a .gguf file or a CTranslate2 model directory."
     )
+
+
+def _bundled(name: str, wtype: str) -> Path:
+    return _BUNDLED_DIR / f"{name}-{wtype}.gguf"
 
 
 def _resolve_ct2_dir(path: Path, wtype: str) -> Path:
@@ -301,14 +315,16 @@ def list_models() -> list[ModelEntry]:
     """Every known model with its install state and cached GGUFs (reads the cache, never writes it)."""
     entries = []
     for source in _SOURCES.values():
-        files = ((wtype, cache_dir() / f"{source.name}-{wtype}.gguf") for wtype in WEIGHT_TYPES)
+        bundled = [w for w in WEIGHT_TYPES if _bundled(source.name, w).is_file()]
+        files = ((w, _bundled(source.name, w) if w in bundled else cache_dir() / f"{source.name}-{w}.gguf")
+                 for w in WEIGHT_TYPES)
         cached = tuple(CachedModel(w, p, p.stat().st_size / _MIB) for w, p in files if p.is_file())
         entries.append(
             ModelEntry(
                 name=source.name,
                 description=source.description,
                 packages=source.packages,
-                installed=all(_is_installed(p) for p in source.packages),
+                installed=bool(bundled) or all(_is_installed(p) for p in source.packages),
                 cached=cached,
                 default=source.name == DEFAULT_MODEL,
             )

@@ -13,7 +13,7 @@ PACKAGES=(
   libxcb-util1 libxcb-xfixes0 libxcb-xkb1 libxkbcommon-x11-0
   xvfb xauth x11-utils imagemagick
   libportaudio2 pulseaudio pulseaudio-utils libasound2-plugins
-  espeak-ng sox libsox-fmt-mp3 libopenblas-dev
+  espeak-ng sox libsox-fmt-mp3 libopenblas-dev desktop-file-utils appstream
 )
 
 missing=()
