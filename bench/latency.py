@@ -241,7 +241,8 @@ def markdown(report: dict) -> str:
     header = ("clip", "audio s", "words matched", "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s",
               "RTF", "first partial s", "encoder ms", "dropped", "WER offline %", "WER stream %")
     parts = [f"# Live captioning latency ({report['model']}, {report['device']}, {report['threads'] or 'auto'} "
-             f"threads, speed {report['speed']}, step {report['step_s']} s)", "", f"Word end times: {TIMING_SOURCE}.", "",
+             f"threads, speed {report['speed']}, step {report['step_s']} s)", "",
+             f"Word end times: {TIMING_SOURCE}.", "",
              md_table(header, rows), "", f"Machine: {report['machine']}"]
     if report.get("long"):
         lr = report["long"]

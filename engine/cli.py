@@ -313,7 +313,8 @@ def _add_live(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: 0 = automatic)")
     p.add_argument("--kv-mode", choices=["device", "host"], default="device",
                    help="keep the decoder KV cache on the device or on the host (default: device)")
-    p.add_argument("--step", type=float, default=1.0, metavar="S", help="seconds of audio between decodes (default: 1.0)")
+    p.add_argument("--step", type=float, default=1.0, metavar="S",
+                   help="seconds of audio between decodes (default: 1.0)")
     p.set_defaults(run=_run_live, parser=p)
 
 
@@ -361,13 +362,14 @@ def _run_live(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, default_handler)
         if tty:
-            print(f"\r\033[K{line}", flush=True)
+            print(f"\r\033[K{line}", end="\n" if line else "", flush=True)
     if last is not None:
         first = "-" if last.first_partial_s is None else f"{last.first_partial_s:.2f} s"
         lag = "-" if last.commit_lag_s is None else f"{last.commit_lag_s:.2f} s"
         print(f"live: {last.audio_s:.1f} s audio, {last.n_steps} steps, RTF {last.rtf_mean:.2f} "
               f"(last steps {last.rtf:.2f}), first partial {first}, commit lag {lag}, "
-              f"{last.dropped_blocks} dropped blocks, {last.device} ({last.backend}), KV on {last.kv_mode}",
+              f"encoder {last.encoder_ms:.0f} ms/step, {last.dropped_blocks} dropped blocks, {_device_label(last)}, "
+              f"KV on {last.kv_mode}",
               file=sys.stderr)
     return EXIT_ERROR if failed else 0
 

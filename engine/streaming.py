@@ -3,10 +3,11 @@
 Every `step_s` of new audio the window (from the last trim point to now) is encoded and decoded again,
 prompted with the committed text that has scrolled out of it. Words on which the last two hypotheses
 agree (after the words already committed) are committed: LocalAgreement-2, Macháček, Dabre and Bojar
-2023, "Turning Whisper into Real-Time Transcription System" (ufal/whisper_streaming). The window is cut
-at the end of a Whisper segment whose words are all committed once it is longer than `trim_s`, and the
-whole tentative tail is committed on a pause of `min_silence_commit_s` and when the stream ends. A
-Silero VAD gate keeps silence and noise away from the decoder.
+2023, "Turning Whisper into Real-Time Transcription System" (ufal/whisper_streaming). Once the window
+is longer than `trim_s` it is cut where everything before is committed: at the end of a closed Whisper
+segment, or at a VAD pause the commits have passed (tiny models often put a whole window in one
+segment). The whole tentative tail is committed on a pause of `min_silence_commit_s` and when the
+stream ends. A Silero VAD gate keeps silence and noise away from the decoder.
 
 One native `Context` serves the whole stream: its KV arena, cross K/V and decoder graphs are reused by
 every step. The encoder takes exactly 3000 mel frames, so every window is zero-padded to 30 s and the
@@ -160,7 +161,7 @@ class StreamOptions:
         step_s: new audio between two decodes (0.5-1.0 s: shorter gives earlier partials, costs an
             encoder run each).
         max_step_s: most new audio one step takes in when the engine falls behind real time.
-        trim_s: once the window is longer than this, cut it at the end of a fully committed segment
+        trim_s: once the window is longer than this, cut it where everything before is committed
             (ref: whisper_streaming's buffer_trimming_sec, 15 s).
         max_window_s: longest window; past it the completed segments are committed unconfirmed and
             cut, so the window stays well under Whisper's 30 s.
@@ -251,14 +252,15 @@ def _parse(tokens: Sequence[int], tokenizer: WhisperTokenizer, offset_s: float, 
         if token < tokenizer.timestamp_begin:
             text.append(token)
             continue
-        stamp = (token - tokenizer.timestamp_begin) * TIME_PRECISION
+        # Whisper may stamp past the audio it was given (the window is padded to 30 s).
+        stamp = min((token - tokenizer.timestamp_begin) * TIME_PRECISION, window_s)
         if text:
             words += _spread(tokenizer.decode(text).split(), offset_s + start, offset_s + stamp)
             cuts.append((len(words), offset_s + stamp))
             text = []
         start = stamp
     if text:
-        words += _spread(tokenizer.decode(text).split(), offset_s + start, offset_s + max(start, window_s))
+        words += _spread(tokenizer.decode(text).split(), offset_s + start, offset_s + window_s)
     return _Hypothesis(words, cuts)
 
 
@@ -333,6 +335,9 @@ class _Stream:
         self.committed: list[_Word] = []
         self.in_window = 0  # the last `in_window` committed words lie inside the window
         self.tail: list[_Word] = []  # the previous hypothesis' uncommitted words
+        # (input sample where a pause began, index in `committed` of the window's first word then,
+        # the words heard before the pause)
+        self.pauses: list[tuple[int, int, list[_Word]]] = []
         self.costs: deque[tuple[float, float]] = deque(maxlen=options.rtf_steps)  # (busy s, audio s)
         self.busy_s = 0.0
         self.reported_audio_s = 0.0
@@ -406,6 +411,7 @@ class _Stream:
     def _reset_window(self) -> None:
         """After a long silence with everything committed: keep only the pre-roll."""
         self.in_window = 0
+        self.pauses = []
         self.speech_samples = 0
         self.fresh_speech = False
         self._cut(max(self.window_start, self.total - round(self.options.preroll_s * SAMPLE_RATE)))
@@ -422,8 +428,11 @@ class _Stream:
         self.fresh_speech = False
         if self._rejected(result):
             return _Hypothesis([], []), result
-        return _parse(result.tokens, self.model.tokenizer, self.window_start / SAMPLE_RATE,
-                      self.audio.size / SAMPLE_RATE), result
+        hyp = _parse(result.tokens, self.model.tokenizer, self.window_start / SAMPLE_RATE,
+                     self.audio.size / SAMPLE_RATE)
+        if hyp.words and self.silence_from is not None and self.silence_from > self.window_start:
+            self._mark_pause(hyp.words)
+        return hyp, result
 
     def _rejected(self, result: DecodingResult) -> bool:
         """Silence by Whisper's own judgement, or a repetition loop (ref: openai-whisper transcribe.py)."""
@@ -453,30 +462,60 @@ class _Stream:
     # -- the window --
 
     def _trim(self, hyp: _Hypothesis, n_committed: int) -> Iterator[Event]:
-        """Cuts the window at the last fully committed segment end once it is longer than trim_s;
-        past max_window_s, commits up to the last closed segment (or everything) unconfirmed."""
+        """Once the window is longer than trim_s, cuts it at the latest point before which every word
+        is committed: the end of a closed Whisper segment, or a VAD pause. Past max_window_s without
+        one, commits up to the last closed segment (or everything) unconfirmed and cuts there."""
         window_s = self.audio.size / SAMPLE_RATE
         if window_s <= self.options.trim_s:
             return
-        done = [cut for cut in hyp.cuts if cut[0] <= n_committed]
-        if done:
-            self._cut_at(done[-1], n_committed)
+        cuts = [c for c in (self._segment_cut(hyp, n_committed), self._pause_cut()) if c is not None]
+        if cuts:
+            self._cut_window(*max(cuts, key=lambda cut: cut[1]))
             return
         if window_s <= self.options.max_window_s:
             return
-        logger.warning("no segment confirmed in %.1f s of audio; committing unconfirmed text", window_s)
-        cut = hyp.cuts[-1] if hyp.cuts else (len(hyp.words), self.total / SAMPLE_RATE)
-        forced = hyp.words[n_committed:cut[0]]
+        logger.warning("no committed segment or pause in %.1f s of audio; committing unconfirmed text", window_s)
+        n_before, at_s = hyp.cuts[-1] if hyp.cuts else (len(hyp.words), self.total / SAMPLE_RATE)
+        forced = hyp.words[n_committed:n_before]
         if forced:
             yield self._commit(forced)
-        self.tail = hyp.words[cut[0]:]
-        self._cut_at(cut, cut[0])
+        self.tail = hyp.words[n_before:]
+        self._cut_window(self.in_window, round(at_s * SAMPLE_RATE))
 
-    def _cut_at(self, cut: tuple[int, float], n_committed: int) -> None:
-        """Moves the window start to a segment end; committed words before it leave the window."""
-        n_before, at_s = cut
-        self.in_window = min(self.in_window, max(0, n_committed - n_before))
-        self._cut(min(self.total, max(self.window_start, round(at_s * SAMPLE_RATE))))
+    def _segment_cut(self, hyp: _Hypothesis, n_committed: int) -> tuple[int, int] | None:
+        """(committed words before it, input sample) of the last closed segment whose words are all
+        committed; hyp.words[:n_committed] are the window's committed words."""
+        done = [cut for cut in hyp.cuts if cut[0] <= n_committed]
+        if not done:
+            return None
+        n_before, at_s = done[-1]
+        return max(0, self.in_window - (n_committed - n_before)), round(at_s * SAMPLE_RATE)
+
+    def _mark_pause(self, words: list[_Word]) -> None:
+        """Remembers what was heard before the current pause: a hypothesis decoded while the gate is
+        closed holds every word spoken before the pause, so once the commits run past those words
+        the window may start at the pause (Whisper's segments alone are too rare to cut at)."""
+        marker = (self.silence_from, len(self.committed) - self.in_window, words)
+        if self.pauses and self.pauses[-1][0] == self.silence_from:
+            self.pauses[-1] = marker  # a later hypothesis of the same pause has heard more
+        else:
+            self.pauses.append(marker)
+
+    def _pause_cut(self) -> tuple[int, int] | None:
+        """(committed words before it, input sample) of the latest pause the commits have passed."""
+        window_base = len(self.committed) - self.in_window
+        for at, base, heard in reversed(self.pauses):
+            after = self.committed[base:]
+            n_heard = _skip_committed(heard, after)
+            if n_heard < len(after) and base + n_heard >= window_base:
+                return base + n_heard - window_base, at
+        return None
+
+    def _cut_window(self, n_leaving: int, start: int) -> None:
+        """Starts the window at input sample `start`; its first `n_leaving` committed words leave it."""
+        self.in_window = max(0, self.in_window - n_leaving)
+        self._cut(min(self.total, max(self.window_start, start)))
+        self.pauses = [p for p in self.pauses if p[0] > self.window_start]
 
     def _cut(self, start: int) -> None:
         self.audio = self.audio[start - self.window_start:].copy()

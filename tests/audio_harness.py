@@ -26,12 +26,13 @@ __all__ = ["VirtualMic", "rescan_portaudio", "virtual_mic"]
 _TOOLS = ("pulseaudio", "pactl", "pacat", "paplay")
 
 # The daemon's whole configuration: a private socket, one null sink, its monitor as default source.
-_SCRIPT = """\
-load-module module-native-protocol-unix auth-anonymous=1 socket={socket}
-load-module module-null-sink sink_name=vsink rate={rate} channels=1 format=s16le sink_properties=device.description=AuralVirtualMic
-set-default-sink vsink
-set-default-source vsink.monitor
-"""
+_SCRIPT = (
+    "load-module module-native-protocol-unix auth-anonymous=1 socket={socket}\n"
+    "load-module module-null-sink sink_name=vsink rate={rate} channels=1 format=s16le"
+    " sink_properties=device.description=AuralVirtualMic\n"
+    "set-default-sink vsink\n"
+    "set-default-source vsink.monitor\n"
+)
 
 
 def rescan_portaudio() -> None:

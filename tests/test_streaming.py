@@ -9,9 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 from difflib import SequenceMatcher
-from pathlib import Path
 
 import jiwer
 import numpy as np
@@ -21,6 +21,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from conftest import english_dev_clips
 from aural.engine.capture import MicrophoneSource, ReplaySource
+from aural.engine.runtime import WhisperModel
 from aural.engine.streaming import (
     Commit,
     Error,
@@ -74,16 +75,23 @@ def boundary_faults(commit_texts: list[str], offline: list[str]) -> list[str]:
     pieces = [words(t) for t in commit_texts]
     stream = [w for p in pieces for w in p]
     boundaries = set(np.cumsum([len(p) for p in pieces])[:-1].tolist())
-    offline_text_ = " ".join(offline)
+    said = " ".join(offline)
     faults = []
     for before, after in zip(pieces, pieces[1:]):
         for n in range(1, 4):
-            if before[-n:] == after[:n] and len(before) >= n and " ".join(after[:n] * 2) not in offline_text_:
+            if len(before) >= n and before[-n:] == after[:n] and " ".join(after[:n] * 2) not in said:
                 faults.append(f"repeated {after[:n]}")
     for tag, i1, i2, j1, _ in SequenceMatcher(None, offline, stream, autojunk=False).get_opcodes():
         if tag == "delete" and j1 in boundaries:
             faults.append(f"dropped {offline[i1:i2]} at word {j1}")
     return faults
+
+
+@pytest.fixture(scope="module")
+def model(tiny_gguf):
+    # One thread: on this shared 2-core machine, ggml's spinning thread pool made a decoder token of
+    # tiny.en ~15x slower with 2 threads than with 1 (measured 250-350 vs 18-20 ms per token).
+    return WhisperModel(tiny_gguf, n_threads=1)
 
 
 # -- the rules on their own ------------------------------------------------------------------------
@@ -113,8 +121,8 @@ def test_committed_words_are_skipped_once(committed, hypothesis, new):
     assert " ".join(w.text for w in hyp[_skip_committed(ws(committed), hyp):]) == new
 
 
-def test_timestamped_tokens_become_words_with_segment_cuts(whisper_model):
-    tok = whisper_model.tokenizer
+def test_timestamped_tokens_become_words_with_segment_cuts(model):
+    tok = model.tokenizer
     ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731
     tokens = [ts(0.0), *tok.encode(" Ask not"), ts(1.0), ts(1.2), *tok.encode(" what your country")]
     hyp = _parse(tokens, tok, offset_s=10.0, window_s=3.0)
@@ -136,11 +144,11 @@ def test_options_keep_the_window_under_the_encoder_limit():
 
 
 @pytest.fixture(scope="module")
-def dev_runs(whisper_model):
+def dev_runs(model):
     """(clip, offline text, events) of each DEV_CLIPS clip replayed as fast as it decodes."""
     clips = {c.path.name: c for c in english_dev_clips()}
-    return [(clips[name], offline_text(whisper_model, clips[name].path),
-             run_stream(whisper_model, ReplaySource(clips[name].path, speed=0)))
+    return [(clips[name], offline_text(model, clips[name].path),
+             run_stream(model, ReplaySource(clips[name].path, speed=0)))
             for name in DEV_CLIPS]
 
 
@@ -170,7 +178,7 @@ def test_commits_are_ordered_in_time_and_partials_follow_commits(dev_runs):
         assert isinstance(events[-1], Metrics) and not any(isinstance(e, Error) for e in events)
 
 
-def test_one_context_serves_the_stream_and_metrics_report_it(dev_runs, whisper_model):
+def test_one_context_serves_the_stream_and_metrics_report_it(dev_runs, model):
     for clip, _, events in dev_runs:
         steps = [e for e in events if isinstance(e, Metrics)]
         last = steps[-1]
@@ -179,7 +187,7 @@ def test_one_context_serves_the_stream_and_metrics_report_it(dev_runs, whisper_m
         assert last.n_steps >= clip.duration_s // 2  # re-decoded every ~1 s, not once at the end
         assert last.first_partial_s is not None and last.first_partial_s > 0
         assert last.commit_lag_s is not None
-        assert (last.backend, last.device, last.kv_mode) == (whisper_model.backend, whisper_model.device, "device")
+        assert (last.backend, last.device, last.kv_mode) == (model.backend, model.device, "device")
         decoded = [m for m in steps if m.n_tokens]
         assert all(m.encoder_ms > 0 and m.compute_ms_per_token > 0 and m.kv_tokens > 0 for m in decoded)
         assert all(m.kv_io_ms_per_token == 0 for m in decoded)  # the KV arena stays on the device
@@ -188,16 +196,16 @@ def test_one_context_serves_the_stream_and_metrics_report_it(dev_runs, whisper_m
         assert max(m.window_s for m in steps) < 30
 
 
-def test_a_long_input_is_trimmed_at_committed_segments(whisper_model, data_dir, tmp_path):
+def test_a_long_input_is_trimmed_where_everything_before_is_committed(model, data_dir, tmp_path):
     audio = np.concatenate([sf.read(data_dir / name, dtype="float32")[0] for name in LONG_CLIPS])
     path = tmp_path / "long.wav"
     sf.write(path, audio, 16000, subtype="PCM_16")
     reference = [w for c in english_dev_clips() if c.path.name in LONG_CLIPS for w in words(c.reference)]
-    events = run_stream(whisper_model, ReplaySource(path, speed=0))
+    events = run_stream(model, ReplaySource(path, speed=0))
     windows = [m.window_s for m in events if isinstance(m, Metrics)]
     assert max(windows) <= StreamOptions().max_window_s + StreamOptions().step_s
     assert any(b < a for a, b in zip(windows, windows[1:])), windows  # the window was cut
-    offline = words(offline_text(whisper_model, path))
+    offline = words(offline_text(model, path))
     texts = [c.text for c in commits(events)]
     stream = [w for t in texts for w in words(t)]
     assert wer(reference, stream) <= wer(reference, offline) + WER_MARGIN, (stream, offline)
@@ -205,26 +213,27 @@ def test_a_long_input_is_trimmed_at_committed_segments(whisper_model, data_dir, 
 
 
 @pytest.mark.parametrize("kind", ["silence", "noise"])
-def test_silence_and_noise_commit_nothing_and_cost_no_decoding(whisper_model, tmp_path, kind):
+def test_silence_and_noise_commit_nothing_and_cost_no_decoding(model, tmp_path, kind):
     rng = np.random.default_rng(0)
     audio = np.zeros(160000, np.float32) if kind == "silence" else rng.normal(0, 0.1, 160000).astype(np.float32)
     path = tmp_path / f"{kind}.wav"
     sf.write(path, audio, 16000, subtype="FLOAT")
-    events = run_stream(whisper_model, ReplaySource(path, speed=0))
+    events = run_stream(model, ReplaySource(path, speed=0))
     assert commits(events) == []
     assert not any(isinstance(e, Partial) and e.text for e in events)
     assert events[-1].n_steps == 0 and events[-1].audio_s == pytest.approx(10.0)
 
 
 def test_a_missing_microphone_is_an_error_event_not_a_crash():
-    code = """
+    code = textwrap.dedent("""
         from aural.engine.capture import MicrophoneSource
         from aural.engine.runtime import WhisperModel
         from aural.engine.models import resolve_model
         from aural.engine.streaming import live_events
-        print([type(e).__name__ + ": " + e.message for e in live_events(WhisperModel(resolve_model(None)), MicrophoneSource())])
-    """
-    result = subprocess.run([sys.executable, "-c", "\n".join(line[8:] for line in code.splitlines())],
+        events = live_events(WhisperModel(resolve_model(None)), MicrophoneSource())
+        print([type(e).__name__ + ": " + e.message for e in events])
+    """)
+    result = subprocess.run([sys.executable, "-c", code],
                             capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PULSE_SERVER": "unix:/nonexistent"})
     assert result.returncode == 0, result.stderr
@@ -247,7 +256,7 @@ class _ObservedMicrophone(MicrophoneSource):
 
 
 @pytest.mark.audio
-def test_speech_into_the_microphone_is_captioned(whisper_model, virtual_mic, jfk_wav):
+def test_speech_into_the_microphone_is_captioned(model, virtual_mic, jfk_wav):
     source, stop = _ObservedMicrophone(), threading.Event()
 
     def speak():
@@ -258,11 +267,11 @@ def test_speech_into_the_microphone_is_captioned(whisper_model, virtual_mic, jfk
 
     speaker = threading.Thread(target=speak)
     speaker.start()
-    events = run_stream(whisper_model, source, stop=stop)
+    events = run_stream(model, source, stop=stop)
     speaker.join()
     reference = words("And so my fellow Americans, ask not what your country can do for you, "
                       "ask what you can do for your country.")
-    offline = words(offline_text(whisper_model, jfk_wav))
+    offline = words(offline_text(model, jfk_wav))
     stream_words = [w for c in commits(events) for w in words(c.text)]
     assert wer(reference, stream_words) <= wer(reference, offline) + WER_MARGIN, stream_words
     assert not any(isinstance(e, Error) for e in events)
@@ -275,7 +284,7 @@ JFK = "And so my fellow Americans, ask not what your country can do for you, ask
 
 
 def live_command(*args) -> list[str]:
-    return [sys.executable, "-m", "aural.engine.cli", "live", *map(str, args)]
+    return [sys.executable, "-m", "aural.engine.cli", "live", "--threads", "1", *map(str, args)]
 
 
 def test_live_command_prints_json_events(jfk_wav):
