@@ -50,28 +50,47 @@ def start_worker(worker: QObject, parent: QObject) -> QThread:
     return thread
 
 
-class ModelLoader(QObject):
-    """Resolves (converting on first use) and loads one model."""
+class _Worker(QObject):
+    """Runs `_work` once in its thread: any error becomes `failed`, and `finished` always follows."""
 
-    loaded = Signal(object)  # WhisperModel
     failed = Signal(str)
     finished = Signal()
 
-    def __init__(self, spec: str):
+    def __init__(self):
         super().__init__()
-        self._spec = spec
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Thread-safe: asks the work to end at its next check of the stop flag."""
+        self._stop.set()
 
     @Slot()
     def run(self) -> None:
         try:
-            self.loaded.emit(WhisperModel(resolve_model(self._spec)))  # the best device there is
+            self._work()
         except Exception as exc:  # noqa: BLE001 - reported to the user; the app keeps running
             self.failed.emit(_describe(exc))
         finally:
             self.finished.emit()
 
+    def _work(self) -> None:
+        raise NotImplementedError
 
-class FileWorker(QObject):
+
+class ModelLoader(_Worker):
+    """Resolves (converting on first use) and loads one model."""
+
+    loaded = Signal(object)  # WhisperModel
+
+    def __init__(self, spec: str):
+        super().__init__()
+        self._spec = spec
+
+    def _work(self) -> None:
+        self.loaded.emit(WhisperModel(resolve_model(self._spec)))  # the best device there is
+
+
+class FileWorker(_Worker):
     """Transcribes one file, emitting each segment as it is decoded."""
 
     opened = Signal(object)  # TranscriptionInfo
@@ -79,8 +98,6 @@ class FileWorker(QObject):
     segment = Signal(object)  # Segment
     done = Signal(object)  # Timings
     cancelled = Signal()
-    failed = Signal(str)
-    finished = Signal()
 
     def __init__(self, model: WhisperModel, path: str | Path, options: TranscribeOptions, kv_mode: str):
         super().__init__()
@@ -88,22 +105,8 @@ class FileWorker(QObject):
         self._path = path
         self._options = options
         self._kv_mode = kv_mode
-        self._stop = threading.Event()
 
-    def stop(self) -> None:
-        """Thread-safe: the worker stops within one decoder step."""
-        self._stop.set()
-
-    @Slot()
-    def run(self) -> None:
-        try:
-            self._transcribe()
-        except Exception as exc:  # noqa: BLE001 - reported to the user; the app keeps running
-            self.failed.emit(_describe(exc))
-        finally:
-            self.finished.emit()
-
-    def _transcribe(self) -> None:
+    def _work(self) -> None:
         if self._stop.is_set():
             self.cancelled.emit()
             return
@@ -140,15 +143,13 @@ class MeteredSource:
         return getattr(self._source, name)
 
 
-class LiveWorker(QObject):
+class LiveWorker(_Worker):
     """Live captioning from an audio source until stopped."""
 
     partial = Signal(object)  # streaming.Partial
     commit = Signal(object)  # streaming.Commit
     metrics = Signal(object)  # streaming.Metrics
     level = Signal(float)  # RMS of the latest audio, 0..1
-    failed = Signal(str)
-    finished = Signal()
 
     def __init__(self, model: WhisperModel, open_source: Callable[[], object], options: StreamOptions,
                  kv_mode: str):
@@ -157,22 +158,8 @@ class LiveWorker(QObject):
         self._open_source = open_source
         self._options = options
         self._kv_mode = kv_mode
-        self._stop = threading.Event()
 
-    def stop(self) -> None:
-        """Thread-safe: the engine commits what it has and ends the stream at its next read."""
-        self._stop.set()
-
-    @Slot()
-    def run(self) -> None:
-        try:
-            self._caption()
-        except Exception as exc:  # noqa: BLE001 - reported to the user; the app keeps running
-            self.failed.emit(_describe(exc))
-        finally:
-            self.finished.emit()
-
-    def _caption(self) -> None:
+    def _work(self) -> None:
         signals = {Partial: self.partial, Commit: self.commit, Metrics: self.metrics}
         source = MeteredSource(self._open_source(), self.level.emit)
         for event in live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop):
