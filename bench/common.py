@@ -143,9 +143,9 @@ def run_worker(python: str, spec: dict[str, Any], *, timeout_s: float | None = N
     cmd = [python, str(WORKER), json.dumps(spec)]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(spec.get("threads", 2)))
-    # The same OpenMP wait policy for every engine: Aural defaults to passive waits (spinning
-    # barriers stall ggml when another process holds a core), so the peers get it too.
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # The same OpenMP spin limit for every engine: Aural defaults to it (long spinning barriers
+    # stall ggml when another process holds a core), so the peers get it too.
+    env.setdefault("GOMP_SPINCOUNT", "2000")
     env.setdefault("PYTHONUNBUFFERED", "1")
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)

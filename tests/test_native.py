@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aural.engine import audio, features  # first: the engine package sets the OpenMP wait policy
+from aural.engine import audio, features  # first: the engine package sets the OpenMP spin limit
 from aural import _native  # noqa: I001
 
 EOT, SOT, NO_TIMESTAMPS = 50256, 50257, 50362  # tiny.en special tokens
