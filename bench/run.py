@@ -347,6 +347,16 @@ def write_summary(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], 
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
+def _save(fig, path: Path) -> str:
+    """Writes one figure as PNG, frees it, and returns its file name for summary.md."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
 def make_plots(rows: list[dict[str, Any]], audio: dict[str, dict], out_dir: Path, name: str) -> list[str]:
     import matplotlib
 
@@ -384,11 +394,7 @@ def make_plots(rows: list[dict[str, Any]], audio: dict[str, dict], out_dir: Path
             missing = sorted({r["label"] for r in rows if r["mode"] == mode and r.get("unsupported")})
             ax.set_title(f"tiny.en, {mode}" + (f" ({', '.join(missing)}: n/a)" if missing else ""), fontsize=9)
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        fname = f"{name}-rtf.png"
-        fig.savefig(out_dir / fname, dpi=110)
-        plt.close(fig)
-        made.append(fname)
+        made.append(_save(fig, out_dir / f"{name}-rtf.png"))
 
     # 2. Aural per-token profile, stacked.
     prof = [r for r in ok if r.get("token_profile")]
@@ -407,11 +413,7 @@ def make_plots(rows: list[dict[str, Any]], audio: dict[str, dict], out_dir: Path
         ax.set_ylabel("ms per decoded token")
         ax.set_title("Aural decoder: compute vs KV I/O per token")
         ax.legend()
-        fig.tight_layout()
-        fname = f"{name}-aural-token-profile.png"
-        fig.savefig(out_dir / fname, dpi=110)
-        plt.close(fig)
-        made.append(fname)
+        made.append(_save(fig, out_dir / f"{name}-aural-token-profile.png"))
 
     # 3. Scaling: RTF against input length (greedy).
     series = [k for k in audio if k.startswith("series-")]
@@ -432,11 +434,7 @@ def make_plots(rows: list[dict[str, Any]], audio: dict[str, dict], out_dir: Path
         ax.set_ylabel("RTF (median)")
         ax.set_title("Scaling with input length, greedy")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fname = f"{name}-scaling.png"
-        fig.savefig(out_dir / fname, dpi=110)
-        plt.close(fig)
-        made.append(fname)
+        made.append(_save(fig, out_dir / f"{name}-scaling.png"))
     return made
 
 
