@@ -40,7 +40,7 @@ $(VENV)/.deps: pyproject.toml $(GGML_STAMP)
 	@touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(NATIVE_SRC) $(PY_LIST)
-	$(PIP) install -q --no-build-isolation -e ".[gui,live,test]"
+	$(PIP) install -q --no-build-isolation -e ".[gui,live,test,base]"
 	@touch $@
 
 build/sample.wav: | build/.sysdeps
@@ -51,8 +51,14 @@ build/sample.wav: | build/.sysdeps
 
 sample: build/sample.wav
 
+# The app on the bundled model; FILE=... transcribes that file with the CLI instead. Without a display
+# (no X11/Wayland) the window cannot open, so the spoken sample is transcribed on the terminal.
 run: setup build/sample.wav
-	$(PY) -m aural.engine.cli transcribe $(if $(FILE),"$(FILE)",build/sample.wav)
+ifneq ($(FILE),)
+	$(PY) -m aural.engine.cli transcribe "$(FILE)"
+else
+	@if [ -n "$$DISPLAY$$WAYLAND_DISPLAY" ]; then $(PY) -m aural.app; else 		echo "make run: no display (DISPLAY/WAYLAND_DISPLAY unset), so no window; transcribing the sample instead:"; 		$(PY) -m aural.engine.cli transcribe build/sample.wav; fi
+endif
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -31,6 +31,7 @@ __all__ = [
     "decode_window",
     "detect_language",
     "initial_tokens",
+    "is_looping",
     "suppress_blank",
     "suppress_tokens",
 ]
@@ -60,6 +61,12 @@ class DecodingOptions:
         max_initial_timestamp: the first timestamp may not be later than this (seconds); None or
             0 lifts the cap.
         seed: seed of the NumPy generator used when temperature > 0 (None: fresh entropy).
+        beam_size: at temperature 0, keep this many hypotheses (beam search); None or 1: greedy.
+        patience: beam search stops after beam_size * patience finished hypotheses (ref: "Beam
+            Decoding with Controlled Patience", Kasai et al. 2022; openai-whisper's default 1.0).
+        length_penalty: None ranks finished hypotheses by sum_logprob / length; a value alpha
+            uses the Google NMT penalty ((5 + length) / 6) ** alpha (ref: openai-whisper MaximumLikelihoodRanker).
+        best_of: above temperature 0, sample this many independent sequences and keep the best.
     """
 
     temperature: float = 0.0
@@ -73,6 +80,10 @@ class DecodingOptions:
     without_timestamps: bool = False
     max_initial_timestamp: float | None = 1.0
     seed: int | None = None
+    beam_size: int | None = None
+    patience: float | None = None
+    length_penalty: float | None = None
+    best_of: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,7 @@ class DecodingResult:
         compression_ratio: zlib compression ratio of `text` (high means repetitive).
         language: the language code of the start sequence (None for English-only models).
         timer: per-token native and sampling timings of this decode.
+        looped: decoding was cut because the output kept repeating itself (see `is_looping`).
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -101,6 +113,7 @@ class DecodingResult:
     compression_ratio: float = float("nan")
     language: str | None = None
     timer: TokenTimer = field(default_factory=TokenTimer)
+    looped: bool = False
 
 
 def compression_ratio(text: str) -> float:
@@ -270,65 +283,244 @@ def _tokenizer_for(tokenizer: WhisperTokenizer, options: DecodingOptions) -> Whi
     return tokenizer.with_options(language=language, task=options.task)
 
 
-def decode_window(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_text_ctx: int, *,
-                  stop: threading.Event | None = None) -> DecodingResult:
-    """Decodes the window last encoded in `ctx` (a `_native.Context`).
+@dataclass
+class _Prefill:
+    """The window's initial sequence, decoded once: what every decoding strategy starts from."""
 
-    The first call feeds the whole initial sequence at n_past=0 and asks for logits at the
-    <|startoftranscript|> position (no-speech probability) and at the last position; then one token
-    per call. Decoding stops at end of text, after `sample_len` tokens, when the next token would
-    not fit the text context (ref: openai-whisper decoding.py DecodingTask._main_loop), or when
-    `stop` is set (a cancel: the result is then incomplete).
-    """
+    tokenizer: WhisperTokenizer
+    filters: list[LogitFilter]
+    row: np.ndarray          # logits after the last initial token, (n_vocab,)
+    no_speech_prob: float
+    n_past: int              # positions decoded: the next token goes here
+    capacity: int            # positions the decoder can hold
+    sample_len: int
+    timer: TokenTimer
+
+
+def _prefill(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_text_ctx: int) -> _Prefill:
+    """Feeds the whole initial sequence at n_past=0 and asks for logits at the
+    <|startoftranscript|> position (no-speech probability) and at the last position."""
     tokenizer = _tokenizer_for(tokenizer, options)
     initial = initial_tokens(tokenizer, options, n_text_ctx)
-    sample_len = options.sample_len or n_text_ctx // 2
-    filters = build_logit_filters(tokenizer, options)
-    sampler = _Sampler(options.temperature, options.seed)
     timer = TokenTimer()
-
     sot_index = initial.index(tokenizer.sot)
     rows = sorted({sot_index, len(initial) - 1})
     logits = ctx.decode(np.asarray(initial, dtype=np.int32), 0, rows)
     timer.add_call(ctx.last_timings)
-    no_speech_prob = _no_speech_prob(logits[rows.index(sot_index)], tokenizer)
-    row = logits[-1]
-    # Positions past n_text_ctx have no positional embedding; the arena may also be smaller.
-    capacity = min(n_text_ctx, int(ctx.stats["kv_capacity_tokens"]))
+    return _Prefill(
+        tokenizer=tokenizer,
+        filters=build_logit_filters(tokenizer, options),
+        row=logits[-1],
+        no_speech_prob=_no_speech_prob(logits[rows.index(sot_index)], tokenizer),
+        n_past=len(initial),
+        # Positions past n_text_ctx have no positional embedding; the arena may also be smaller.
+        capacity=min(n_text_ctx, int(ctx.stats["kv_capacity_tokens"])),
+        sample_len=options.sample_len or n_text_ctx // 2,
+        timer=timer,
+    )
 
-    n_past = len(initial)
+
+# A decode stuck repeating a unit of at most this many tokens is cut once the repetition spans
+# LOOP_SPAN tokens (and at least LOOP_MIN_REPEATS units): Whisper's "hallucination loops" would
+# otherwise run to the end of the text context (ref: faster-whisper and whisper.cpp cut them only
+# after the fact, by compression ratio / entropy; cutting early saves the wasted decode steps).
+LOOP_MAX_UNIT = 16
+LOOP_SPAN = 32
+LOOP_MIN_REPEATS = 4
+
+
+def is_looping(tokens: Sequence[int]) -> bool:
+    """Whether `tokens` ends in the same unit of 1..LOOP_MAX_UNIT tokens repeated over LOOP_SPAN tokens."""
+    for unit in range(1, LOOP_MAX_UNIT + 1):
+        span = max(LOOP_SPAN, unit * LOOP_MIN_REPEATS)
+        if len(tokens) < span:
+            break
+        tail = tokens[-span:]
+        if all(tail[i] == tail[i - unit] for i in range(unit, span)):
+            return True
+    return False
+
+
+def _result(pre: _Prefill, tokens: list[int], sum_logprob: float, options: DecodingOptions,
+            looped: bool = False) -> DecodingResult:
+    text = pre.tokenizer.decode(tokens).strip()
+    return DecodingResult(
+        tokens=tokens,
+        text=text,
+        avg_logprob=sum_logprob / (len(tokens) + 1),
+        sum_logprob=sum_logprob,
+        no_speech_prob=pre.no_speech_prob,
+        temperature=options.temperature,
+        compression_ratio=compression_ratio(text),
+        language=pre.tokenizer.language,
+        timer=pre.timer,
+        looped=looped,
+    )
+
+
+def decode_window(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_text_ctx: int, *,
+                  stop: threading.Event | None = None) -> DecodingResult:
+    """Decodes the window last encoded in `ctx` (a `_native.Context`).
+
+    Greedy or sampled one token per call; with `beam_size` > 1 at temperature 0, beam search; with
+    `best_of` > 1 above temperature 0, that many samples side by side (both need a context made with
+    n_seq >= that number). Decoding stops at end of text, after `sample_len` tokens, when the next
+    token would not fit the text context (ref: openai-whisper decoding.py DecodingTask._main_loop),
+    when the output loops (`is_looping`), or when `stop` is set (a cancel: the result is then
+    incomplete).
+    """
+    pre = _prefill(ctx, tokenizer, options, n_text_ctx)
+    if options.temperature == 0 and (options.beam_size or 1) > 1:
+        return _decode_beams(ctx, pre, options, stop)
+    if options.temperature > 0 and (options.best_of or 1) > 1:
+        return _decode_best_of(ctx, pre, options, stop)
+    return _decode_greedy(ctx, pre, options, stop)
+
+
+def _decode_greedy(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.Event | None) -> DecodingResult:
+    sampler = _Sampler(options.temperature, options.seed)
+    row, n_past = pre.row, pre.n_past
     sampled: list[int] = []
     sum_logprob = 0.0
-    for step in range(sample_len):
+    looped = False
+    for step in range(pre.sample_len):
         if stop is not None and stop.is_set():
             break
         if step > 0:
-            if n_past >= capacity:
+            if n_past >= pre.capacity:
                 logger.debug("text context full after %s tokens", n_past)
                 break
             row = ctx.decode(np.asarray(sampled[-1:], dtype=np.int32), n_past)[0]
-            timer.add_call(ctx.last_timings)
+            pre.timer.add_call(ctx.last_timings)
             n_past += 1
         start = time.perf_counter()
-        token, logprob = _step(row, sampled, filters, sampler)
-        timer.add_sampling(time.perf_counter() - start)
+        token, logprob = _step(row, sampled, pre.filters, sampler)
+        pre.timer.add_sampling(time.perf_counter() - start)
         sum_logprob += logprob
-        if token == tokenizer.eot:
+        if token == pre.tokenizer.eot:
             break
         sampled.append(token)
+        if is_looping(sampled):
+            logger.info("decode stopped: the last %s tokens repeat", LOOP_SPAN)
+            looped = True
+            break
+    return _result(pre, sampled, sum_logprob, options, looped)
 
-    text = tokenizer.decode(sampled).strip()
-    return DecodingResult(
-        tokens=sampled,
-        text=text,
-        avg_logprob=sum_logprob / (len(sampled) + 1),
-        sum_logprob=sum_logprob,
-        no_speech_prob=no_speech_prob,
-        temperature=options.temperature,
-        compression_ratio=compression_ratio(text),
-        language=tokenizer.language,
-        timer=timer,
-    )
+
+def _rank_score(sum_logprob: float, length: int, length_penalty: float | None) -> float:
+    """Score of a finished sequence: sum_logprob / length, or the Google NMT length penalty
+    ((5 + length) / 6) ** alpha (ref: openai-whisper decoding.py MaximumLikelihoodRanker)."""
+    penalty = length if length_penalty is None else ((5 + length) / 6) ** length_penalty
+    return sum_logprob / max(penalty, 1e-9)
+
+
+def _filtered_logprobs(row: np.ndarray, sampled: Sequence[int], filters: list[LogitFilter]) -> np.ndarray:
+    logits = np.array(row, dtype=np.float32)
+    for apply in filters:
+        apply(logits, sampled)
+    return _log_softmax(logits)
+
+
+def _decode_beams(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.Event | None) -> DecodingResult:
+    """Beam search with patience (ref: openai-whisper decoding.py BeamSearchDecoder).
+
+    All beams advance together: one decoder call per step feeds one token per beam (sequence j of
+    the KV arena), and the survivors' sequences are reordered in the arena, which moves no K/V.
+    Every step keeps `beam_size` unfinished beams; a finished hypothesis (end of text) is set aside
+    until beam_size * patience of them exist.
+    """
+    n_beams = int(options.beam_size)
+    max_finished = round(n_beams * (options.patience or 1.0))
+    if max_finished <= 0:
+        raise ValueError("patience must be positive")
+    eot = pre.tokenizer.eot
+    ctx.reorder([0] * n_beams)  # every beam continues the shared initial sequence
+    beams: list[list[int]] = [[]]  # the first step has one distinct beam (its logits row is shared)
+    scores = [0.0]
+    rows = [pre.row]
+    finished: dict[tuple[int, ...], float] = {}
+    n_past = pre.n_past
+    for _ in range(pre.sample_len):
+        if stop is not None and stop.is_set():
+            break
+        start = time.perf_counter()
+        candidates: dict[tuple[int, ...], tuple[float, int]] = {}
+        for j, (prefix, row) in enumerate(zip(beams, rows)):
+            logprobs = _filtered_logprobs(row, prefix, pre.filters)
+            for token in np.argpartition(-logprobs, n_beams)[:n_beams + 1]:
+                seq = (*prefix, int(token))
+                score = scores[j] + float(logprobs[token])
+                if np.isfinite(score) and score > candidates.get(seq, (-np.inf, 0))[0]:
+                    candidates[seq] = (score, j)
+        kept: list[tuple[tuple[int, ...], float, int]] = []
+        for seq, (score, parent) in sorted(candidates.items(), key=lambda kv: kv[1][0], reverse=True):
+            if seq[-1] == eot:
+                if len(finished) < max_finished:
+                    finished[seq[:-1]] = score
+            else:
+                kept.append((seq, score, parent))
+                if len(kept) == n_beams:
+                    break
+        pre.timer.add_sampling(time.perf_counter() - start)
+        if len(finished) >= max_finished or not kept or n_past >= pre.capacity:
+            break
+        if any(is_looping(seq) for seq, _, _ in kept[:1]):
+            logger.info("beam search stopped: the best beam repeats itself")
+            break
+        beams = [list(seq) for seq, _, _ in kept]
+        scores = [score for _, score, _ in kept]
+        ctx.reorder([parent for _, _, parent in kept])
+        tokens = np.asarray([seq[-1] for seq in beams], dtype=np.int32)
+        lanes = list(range(len(beams)))
+        rows = list(ctx.decode(tokens, n_past, lanes, lanes))
+        pre.timer.add_call(ctx.last_timings)
+        n_past += 1
+    # Too few finished: the live beams count as finished (ref: BeamSearchDecoder.finalize).
+    for seq, score in sorted(zip(beams, scores), key=lambda b: b[1], reverse=True):
+        if len(finished) >= n_beams:
+            break
+        finished.setdefault(tuple(seq), score)
+    best = max(finished, key=lambda seq: _rank_score(finished[seq], len(seq), options.length_penalty))
+    return _result(pre, list(best), finished[best], options, looped=is_looping(best))
+
+
+def _decode_best_of(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.Event | None) -> DecodingResult:
+    """`best_of` independent samples at the options' temperature, decoded side by side (one decoder
+    call per step for all of them), ranked like beam search's finished hypotheses (ref: openai-whisper
+    decoding.py: GreedyDecoder over n_group = best_of, MaximumLikelihoodRanker)."""
+    n = int(options.best_of)
+    eot = pre.tokenizer.eot
+    sampler = _Sampler(options.temperature, options.seed)
+    ctx.reorder([0] * n)
+    samples: list[list[int]] = [[] for _ in range(n)]
+    sums = [0.0] * n
+    done = [False] * n
+    rows = [pre.row] * n
+    n_past = pre.n_past
+    for _ in range(pre.sample_len):
+        if stop is not None and stop.is_set():
+            break
+        start = time.perf_counter()
+        for j in range(n):
+            if done[j]:
+                continue
+            token, logprob = _step(rows[j], samples[j], pre.filters, sampler)
+            sums[j] += logprob
+            if token == eot or is_looping(samples[j] + [token]):
+                done[j] = True
+            if token != eot:
+                samples[j].append(token)
+        pre.timer.add_sampling(time.perf_counter() - start)
+        if all(done) or n_past >= pre.capacity:
+            break
+        # Finished samples keep feeding end of text so that every step has the same batch shape.
+        tokens = np.asarray([eot if done[j] else samples[j][-1] for j in range(n)], dtype=np.int32)
+        lanes = list(range(n))
+        rows = list(ctx.decode(tokens, n_past, lanes, lanes))
+        pre.timer.add_call(ctx.last_timings)
+        n_past += 1
+    best = max(range(n), key=lambda j: _rank_score(sums[j], len(samples[j]), options.length_penalty))
+    return _result(pre, samples[best], sums[best], options, looped=is_looping(samples[best]))
 
 
 def detect_language(ctx, tokenizer: WhisperTokenizer) -> tuple[str, dict[str, float]]:

@@ -44,6 +44,20 @@ def _stored_mel_filters(path: Path, n_mels: int) -> np.ndarray:
     return mel_filters(n_mels)
 
 
+# Sequences one native context decodes side by side (context.h max_seq): beams or best-of samples.
+MAX_SEQUENCES = 8
+
+
+def _alignment_heads(info: dict, hparams: dict) -> list[tuple[int, int]]:
+    """The model's alignment heads; without any, every head of the decoder's second half (ref:
+    openai-whisper model.py Whisper.__init__ default)."""
+    heads = [(int(layer), int(head)) for layer, head in info.get("alignment_heads") or []]
+    if heads:
+        return heads
+    n_layer, n_head = int(hparams["n_text_layer"]), int(hparams["n_text_head"])
+    return [(layer, head) for layer in range(n_layer // 2, n_layer) for head in range(n_head)]
+
+
 class WhisperModel:
     """One GGUF Whisper model, loaded on a device.
 
@@ -72,6 +86,7 @@ class WhisperModel:
         except _NATIVE_LOAD_ERRORS as exc:
             raise ModelError(f"Cannot load model {self.path.name}: {exc}") from exc
         self.hparams = dict(self._model.hparams)
+        self.alignment_heads = _alignment_heads(info, self.hparams)
         self.load_s = time.perf_counter() - start
         logger.info("loaded %s on %s (%s) in %.2f s", self.name, self.device, self.backend, self.load_s)
 
@@ -95,13 +110,16 @@ class WhisperModel:
     def weights_bytes(self) -> int:
         return int(self._model.weights_bytes)
 
-    def new_session(self, *, kv_mode: str = "device", graph_reuse: bool = True):
-        """A fresh native `Context` on this model: one per concurrent transcription."""
+    def new_session(self, *, kv_mode: str = "device", graph_reuse: bool = True, n_seq: int = 1):
+        """A fresh native `Context` on this model: one per concurrent transcription. `n_seq` is the
+        most sequences decoded side by side (beam size or best-of, at most 8)."""
         if kv_mode not in ("device", "host"):
             raise ValueError(f"kv_mode must be 'device' or 'host', not {kv_mode!r}")
+        if not 1 <= n_seq <= MAX_SEQUENCES:
+            raise ValueError(f"n_seq must be between 1 and {MAX_SEQUENCES}, not {n_seq}")
         try:
             return _native().Context(self._model, kv_mode=kv_mode, graph_reuse=graph_reuse,
-                                     n_threads=self.n_threads)
+                                     n_threads=self.n_threads, n_seq=n_seq)
         except _NATIVE_LOAD_ERRORS as exc:
             raise ModelError(f"Cannot create a session on {self.path.name}: {exc}") from exc
 

@@ -1,5 +1,6 @@
 #include "context.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <set>
@@ -18,9 +19,13 @@ double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
 
-// The arena spans the decoder's 448 positions, padded to 512 so GPU flash-attention kernels get
-// whole 256-row KV tiles (ref: ggml-cuda fattn.cu FATTN_KQ_STRIDE).
-uint32_t arena_cells(const hparams & hp) { return GGML_PAD(hp.n_text_ctx, 256); }
+// The arena spans the decoder's 448 positions; each further sequence (beam) adds the 224 positions
+// a window may sample (n_text_ctx / 2, ref: openai-whisper decoding.py sample_len) since beams share
+// the prompt's cells. Padded to a multiple of 256 so GPU flash-attention kernels get whole 256-row KV
+// tiles (ref: ggml-cuda fattn.cu FATTN_KQ_STRIDE).
+uint32_t arena_cells(const hparams & hp, uint32_t n_seq) {
+    return GGML_PAD(hp.n_text_ctx + (n_seq - 1) * (hp.n_text_ctx / 2), 256);
+}
 
 bool env_flag(const char * name) {
     const char * v = std::getenv(name);
@@ -59,7 +64,11 @@ context::context(const model & m, const context_params & p) : mdl(m), params(p) 
             AURAL_LOG_INFO("accelerator %s joins the scheduler", ggml_backend_dev_name(dev));
         }
     }
-    kv_ = std::make_unique<kv_cache>(m.dev, m.hp, arena_cells(m.hp), GGML_TYPE_F16);
+    if (p.n_seq < 1 || p.n_seq > max_seq) {
+        throw std::invalid_argument("n_seq must be between 1 and " + std::to_string(max_seq) + ", not " +
+                                    std::to_string(p.n_seq));
+    }
+    kv_ = std::make_unique<kv_cache>(m.dev, m.hp, arena_cells(m.hp, p.n_seq), p.n_seq, GGML_TYPE_F16);
     if (p.mode == kv_mode::host) {
         kv_->enable_host_mirror();
     }
@@ -174,7 +183,9 @@ void context::encode(const float * mel, uint32_t n_frames) {
     use_encoder(n_frames / 2);  // the same graph every window while the length stays the same
     ggml_backend_tensor_set(enc_graph_->mel, mel, 0, ggml_nbytes(enc_graph_->mel));
     compute(sched_enc_, enc_graph_->gf);
-    kv_->apply(0, 0, n_frames / 2);
+    kv_update window;
+    window.n_cross = n_frames / 2;
+    kv_->apply(window);
     last_encode = encode_timings{};
     last_encode.encoder_ms = ms_since(t0);
     if (params.mode == kv_mode::host) {
@@ -186,12 +197,12 @@ void context::encode(const float * mel, uint32_t n_frames) {
     stats.encoder_ms_total += last_encode.encoder_ms;
 }
 
-void context::decode(const decode_batch & batch, float * logits) {
+void context::check_batch(const decode_batch & batch) const {
     if (batch.n_tokens == 0 || batch.tokens == nullptr) {
         throw std::invalid_argument("decode needs at least one token");
     }
-    if (batch.outputs.empty() || batch.outputs.size() > max_outputs) {
-        throw std::invalid_argument("decode returns between 1 and " + std::to_string(max_outputs) + " logits rows");
+    if (batch.pos.size() != batch.n_tokens || batch.seq.size() != batch.n_tokens) {
+        throw std::invalid_argument("decode needs a position and a sequence per token");
     }
     for (int32_t o : batch.outputs) {
         if (o < 0 || static_cast<uint32_t>(o) >= batch.n_tokens) {
@@ -202,18 +213,45 @@ void context::decode(const decode_batch & batch, float * logits) {
         if (batch.tokens[i] < 0 || static_cast<uint32_t>(batch.tokens[i]) >= mdl.hp.n_vocab) {
             throw std::invalid_argument("token id " + std::to_string(batch.tokens[i]) + " is outside the vocabulary");
         }
+        if (batch.pos[i] < 0 || static_cast<uint32_t>(batch.pos[i]) >= mdl.hp.n_text_ctx) {
+            throw std::length_error("decoder context full: position " + std::to_string(batch.pos[i]) +
+                                    " is beyond the model's " + std::to_string(mdl.hp.n_text_ctx));
+        }
     }
-    if (batch.n_past + batch.n_tokens > mdl.hp.n_text_ctx) {
-        throw std::length_error("decoder context full: " + std::to_string(batch.n_past + batch.n_tokens) +
-                                " positions exceed the model's " + std::to_string(mdl.hp.n_text_ctx));
-    }
-    kv_->apply(batch.n_past, batch.n_tokens);
-
-    step_timings t;
-    t.n_tokens = batch.n_tokens;
     if (kv_->cross_rows() == 0) {
         throw std::logic_error("decode before encode: no window has been encoded in this context");
     }
+}
+
+void context::kv_upload(uint32_t n_rows, step_timings & t) {
+    if (params.mode != kv_mode::host) return;
+    const auto t0 = clock_type::now();
+    t.kv_io_bytes += kv_->host_upload_self(n_rows) + kv_->host_upload_cross();
+    t.kv_io_ms += ms_since(t0);
+}
+
+void context::kv_download(const decode_batch & batch, step_timings & t) {
+    if (params.mode != kv_mode::host) return;
+    const auto t0 = clock_type::now();
+    const auto [lo, hi] = std::minmax_element(batch.cells.begin(), batch.cells.end());
+    t.kv_io_bytes += kv_->host_download_self(static_cast<uint32_t>(*lo), static_cast<uint32_t>(*hi - *lo + 1));
+    t.kv_io_ms += ms_since(t0);
+}
+
+void context::decode(decode_batch & batch, float * logits) {
+    check_batch(batch);
+    if (batch.outputs.empty() || batch.outputs.size() > max_outputs) {
+        throw std::invalid_argument("decode returns between 1 and " + std::to_string(max_outputs) + " logits rows");
+    }
+    kv_update step;
+    step.pos = batch.pos;
+    step.seq = batch.seq;
+    const uint32_t history = kv_->high_water();  // host mode uploads the cells in use before this step
+    batch.cells = kv_->apply(step);
+    batch.kv = &kv_->cells();
+
+    step_timings t;
+    t.n_tokens = batch.n_tokens;
     const decode_params p{batch.n_tokens, static_cast<uint32_t>(batch.outputs.size()), kv_->cross_rows()};
     auto t0 = clock_type::now();
     if (reuse_enabled_ && dec_graph_ && dec_graph_->can_reuse(p)) {
@@ -232,19 +270,11 @@ void context::decode(const decode_batch & batch, float * logits) {
     dec_graph_->set_inputs(batch);
     t.build_ms = ms_since(t0);
 
-    if (params.mode == kv_mode::host) {
-        t0 = clock_type::now();
-        t.kv_io_bytes += kv_->host_upload_self(batch.n_past) + kv_->host_upload_cross();
-        t.kv_io_ms += ms_since(t0);
-    }
+    kv_upload(history, t);
     t0 = clock_type::now();
     compute(sched_dec_, dec_graph_->gf);
     t.compute_ms = ms_since(t0);
-    if (params.mode == kv_mode::host) {
-        t0 = clock_type::now();
-        t.kv_io_bytes += kv_->host_download_self(batch.n_past, batch.n_tokens);
-        t.kv_io_ms += ms_since(t0);
-    }
+    kv_download(batch, t);
     t0 = clock_type::now();
     ggml_backend_tensor_get(dec_graph_->logits, logits, 0, ggml_nbytes(dec_graph_->logits));
     t.logits_ms = ms_since(t0);
@@ -256,6 +286,63 @@ void context::decode(const decode_batch & batch, float * logits) {
     stats.kv_io_ms_total += t.kv_io_ms;
     stats.kv_io_bytes_total += t.kv_io_bytes;
     stats.logits_ms_total += t.logits_ms;
+}
+
+void context::reorder(const std::vector<int32_t> & parents) {
+    kv_update u;
+    u.parents = parents;
+    if (parents.empty()) {
+        throw std::invalid_argument("a reorder keeps at least one sequence");
+    }
+    kv_->apply(u);
+    stats.reorders++;
+}
+
+void context::align(const int32_t * tokens, uint32_t n_tokens, const std::vector<align_head> & heads, float * weights,
+                    float * logits) {
+    decode_batch batch;
+    batch.tokens = tokens;
+    batch.n_tokens = n_tokens;
+    for (uint32_t i = 0; i < n_tokens; ++i) {
+        batch.pos.push_back(static_cast<int32_t>(i));
+        batch.seq.push_back(0);
+        batch.outputs.push_back(static_cast<int32_t>(i));
+    }
+    check_batch(batch);
+    if (heads.empty()) {
+        throw std::invalid_argument("align needs at least one alignment head");
+    }
+    for (const align_head & h : heads) {
+        if (h.layer < 0 || h.layer >= static_cast<int>(mdl.hp.n_text_layer) || h.head < 0 ||
+            h.head >= static_cast<int>(mdl.hp.n_text_head)) {
+            throw std::invalid_argument("alignment head (" + std::to_string(h.layer) + ", " + std::to_string(h.head) +
+                                        ") is outside the decoder's layers and heads");
+        }
+    }
+    kv_update step;
+    step.pos = batch.pos;
+    step.seq = batch.seq;
+    const uint32_t history = kv_->high_water();
+    batch.cells = kv_->apply(step);
+    batch.kv = &kv_->cells();
+    // A one-off graph (its shape follows the text length); the decoder graph is rebuilt next step.
+    dec_graph_.reset();
+    ggml_backend_sched_reset(sched_dec_);
+    const decode_params p{n_tokens, n_tokens, kv_->cross_rows()};
+    auto g = build_decoder(mdl, *kv_, p, heads);
+    if (!ggml_backend_sched_alloc_graph(sched_dec_, g->gf)) {
+        throw std::runtime_error("cannot allocate the alignment graph");
+    }
+    g->set_inputs(batch);
+    step_timings t;
+    kv_upload(history, t);
+    compute(sched_dec_, g->gf);
+    kv_download(batch, t);
+    // cross_qk is [n_cross, n_tokens, n_heads] in ggml order: row-major [n_heads][n_tokens][n_cross].
+    ggml_backend_tensor_get(g->cross_qk, weights, 0, ggml_nbytes(g->cross_qk));
+    ggml_backend_tensor_get(g->logits, logits, 0, ggml_nbytes(g->logits));
+    ggml_backend_sched_reset(sched_dec_);
+    stats.align_calls++;
 }
 
 void context::clear_kv() { kv_->clear(); }

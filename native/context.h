@@ -3,6 +3,7 @@
 //   aural::context ctx(*model, {/*kv_mode=*/kv_mode::device, /*graph_reuse=*/true, /*n_threads=*/0});
 //   ctx.encode(mel.data());                                 // [n_mels, 3000] row-major, one 30 s window
 //   ctx.decode(batch, logits.data());                       // logits [n_outputs, n_vocab]
+//   ctx.reorder({0, 0, 1});                                 // beams: new sequences continue old ones
 //   ctx.last_step.kv_io_bytes;                              // 0 in device mode
 //
 // Thread-safety: one context per thread; the model it uses may be shared by several contexts.
@@ -30,6 +31,7 @@ struct context_params {
     kv_mode mode = kv_mode::device;
     bool graph_reuse = true;  // env: AURAL_NO_GRAPH_REUSE=1 turns it off as well (debugging)
     int n_threads = 0;        // CPU threads; 0 = the model's default
+    uint32_t n_seq = 1;       // sequences decoded side by side (beam size, best-of); at most 8
 };
 
 // Timings of one decoder step (milliseconds, bytes).
@@ -51,7 +53,7 @@ struct encode_timings {
 
 struct context_stats {
     uint64_t graph_builds = 0, graph_reuses = 0, decode_calls = 0, tokens_decoded = 0, encode_calls = 0;
-    uint64_t encoder_builds = 0;
+    uint64_t encoder_builds = 0, reorders = 0, align_calls = 0;
     double encoder_ms_total = 0, compute_ms_total = 0, kv_io_ms_total = 0, logits_ms_total = 0;
     uint64_t kv_io_bytes_total = 0;
 };
@@ -74,8 +76,17 @@ class context {
     // mel: [n_mels, n_frames] row-major floats, one window of log-mel features; n_frames is even and
     // at most 2 * n_audio_ctx (3000 = 30 s). Fewer frames encode a shorter audio context.
     void encode(const float * mel, uint32_t n_frames);
-    // Appends batch.tokens at n_past.. and writes logits [outputs.size(), n_vocab] to `logits`.
-    void decode(const decode_batch & batch, float * logits);
+    // Appends batch.tokens at batch.pos of sequences batch.seq and writes logits
+    // [outputs.size(), n_vocab] to `logits`.
+    void decode(decode_batch & batch, float * logits);
+    // Beam reorder: new sequence j continues old sequence parents[j]; sequences not named end.
+    // Bookkeeping only: no K/V row moves.
+    void reorder(const std::vector<int32_t> & parents);
+    // Teacher-forces `tokens` (sequence 0, positions 0..) through the decoder on the window last
+    // encoded and returns the cross-attention weights of `heads` [heads, n_tokens, n_cross] in `weights`
+    // and the logits of every position [n_tokens, n_vocab] in `logits`. Replaces sequence 0's cells.
+    void align(const int32_t * tokens, uint32_t n_tokens, const std::vector<align_head> & heads, float * weights,
+               float * logits);
     void clear_kv();
 
     const model & mdl;
@@ -87,6 +98,7 @@ class context {
     const kv_cache & kv() const { return *kv_; }
     size_t compute_buffer_bytes() const;
     static constexpr uint32_t max_outputs = 8;  // logits rows per step (beams + the SOT row)
+    static constexpr uint32_t max_seq = 8;      // sequences per context (beams or best-of samples)
 
   private:
     ggml_backend_t primary_ = nullptr;
@@ -102,6 +114,9 @@ class context {
     void reserve_worst_case();
     backend_report report(ggml_backend_sched_t sched, ggml_cgraph * gf) const;
     void compute(ggml_backend_sched_t sched, ggml_cgraph * gf);
+    void check_batch(const decode_batch & batch) const;
+    void kv_upload(uint32_t n_rows, step_timings & t);
+    void kv_download(const decode_batch & batch, step_timings & t);
 };
 
 const char * kv_mode_name(kv_mode mode);

@@ -25,28 +25,23 @@ class tokens_input : public graph_input {
     ggml_tensor * t_;
 };
 
-// Positions (i32, for the positional embedding) and KV rows (i64, for ggml_set_rows): n_past + i.
+// Positions (i32, for the positional embedding) and arena cells (i64, for ggml_set_rows).
 class positions_input : public graph_input {
   public:
-    positions_input(ggml_tensor * pos, ggml_tensor * rows) : pos_(pos), rows_(rows) {}
+    positions_input(ggml_tensor * pos, ggml_tensor * cells) : pos_(pos), cells_(cells) {}
     void set_input(const decode_batch & b) override {
-        std::vector<int32_t> pos(b.n_tokens);
-        std::vector<int64_t> rows(b.n_tokens);
-        for (uint32_t i = 0; i < b.n_tokens; ++i) {
-            pos[i] = static_cast<int32_t>(b.n_past + i);
-            rows[i] = b.n_past + i;
-        }
-        ggml_backend_tensor_set(pos_, pos.data(), 0, ggml_nbytes(pos_));
-        ggml_backend_tensor_set(rows_, rows.data(), 0, ggml_nbytes(rows_));
+        ggml_backend_tensor_set(pos_, b.pos.data(), 0, ggml_nbytes(pos_));
+        ggml_backend_tensor_set(cells_, b.cells.data(), 0, ggml_nbytes(cells_));
     }
     bool can_reuse(const decode_params & p) const override { return pos_->ne[0] == p.n_tokens; }
 
   private:
     ggml_tensor * pos_;
-    ggml_tensor * rows_;
+    ggml_tensor * cells_;
 };
 
-// Causal mask over the whole arena: f16 [n_kv, n_tokens]; token i sees cells [0, n_past + i].
+// Mask over the whole arena: f16 [n_kv, n_tokens]; token i sees the cells of its own sequence at
+// positions up to its own (causal), whatever their order in the arena.
 class mask_input : public graph_input {
   public:
     explicit mask_input(ggml_tensor * t) : t_(t) {}
@@ -55,7 +50,9 @@ class mask_input : public graph_input {
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), neg_inf = ggml_fp32_to_fp16(-INFINITY);
         std::vector<ggml_fp16_t> mask(n_kv * t_->ne[1], neg_inf);
         for (uint32_t i = 0; i < b.n_tokens; ++i) {
-            std::fill_n(mask.begin() + i * n_kv, b.n_past + i + 1, zero);
+            for (int64_t c = 0; c < n_kv; ++c) {
+                if (b.kv->visible(static_cast<uint32_t>(c), b.seq[i], b.pos[i])) mask[i * n_kv + c] = zero;
+            }
         }
         ggml_backend_tensor_set(t_, mask.data(), 0, ggml_nbytes(t_));
     }
@@ -192,7 +189,23 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
     return res;
 }
 
-std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p) {
+// softmax(q k^T / sqrt(head_dim)) over the audio positions, for the given heads of one layer:
+// q [n_state, n_tokens], k [head_dim, n_cross, n_head] -> [n_cross, n_tokens, heads.size()].
+ggml_tensor * cross_weights(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, const std::vector<int> & heads,
+                            int n_head) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(q->ne[0] / n_head));
+    ggml_tensor * kq = ggml_mul_mat(ctx, k, split_heads(ctx, q, n_head));  // [n_cross, n_tokens, n_head]
+    kq = ggml_soft_max_ext(ctx, kq, nullptr, scale, 0.0f);
+    ggml_tensor * out = nullptr;
+    for (int h : heads) {
+        ggml_tensor * w = ggml_view_3d(ctx, kq, kq->ne[0], kq->ne[1], 1, kq->nb[1], kq->nb[2], h * kq->nb[2]);
+        out = out ? ggml_concat(ctx, out, w, 2) : ggml_cont(ctx, w);
+    }
+    return out;
+}
+
+std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p,
+                                            const std::vector<align_head> & heads) {
     const hparams & hp = m.hp;
     auto res = std::make_unique<graph_result>(max_graph_nodes);
     res->params = p;
@@ -206,7 +219,7 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
     };
     ggml_tensor * tokens = input(GGML_TYPE_I32, p.n_tokens, 0, "tokens");
     ggml_tensor * pos = input(GGML_TYPE_I32, p.n_tokens, 0, "positions");
-    ggml_tensor * rows = input(GGML_TYPE_I64, p.n_tokens, 0, "kv_rows");
+    ggml_tensor * rows = input(GGML_TYPE_I64, p.n_tokens, 0, "kv_cells");
     ggml_tensor * mask = input(GGML_TYPE_F16, kv.n_ctx(), p.n_tokens, "kq_mask");
     ggml_tensor * out_ids = input(GGML_TYPE_I32, p.n_outputs, 0, "out_ids");
     res->inputs.push_back(std::make_unique<tokens_input>(tokens));
@@ -229,7 +242,16 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
 
         cur = layer_norm(ctx, x, l.cross_ln);
         q = linear(ctx, cur, l.cross.q_w, l.cross.q_b);
-        cur = attention(ctx, q, kv.get_cross_k(ctx, il, p.n_cross), kv.get_cross_v(ctx, il, p.n_cross), nullptr, n_head);
+        ggml_tensor * ck = kv.get_cross_k(ctx, il, p.n_cross);
+        std::vector<int> layer_heads;
+        for (const align_head & h : heads) {
+            if (h.layer == static_cast<int>(il)) layer_heads.push_back(h.head);
+        }
+        if (!layer_heads.empty()) {
+            ggml_tensor * w = cross_weights(ctx, q, ck, layer_heads, n_head);
+            res->cross_qk = res->cross_qk ? ggml_concat(ctx, res->cross_qk, w, 2) : w;
+        }
+        cur = attention(ctx, q, ck, kv.get_cross_v(ctx, il, p.n_cross), nullptr, n_head);
         x = ggml_add(ctx, x, linear(ctx, cur, l.cross.o_w, l.cross.o_b));
 
         x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp));
@@ -240,6 +262,11 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
     ggml_set_name(res->logits, "logits");
     ggml_set_output(res->logits);
     ggml_build_forward_expand(res->gf, res->logits);
+    if (res->cross_qk) {
+        ggml_set_name(res->cross_qk, "cross_qk");
+        ggml_set_output(res->cross_qk);
+        ggml_build_forward_expand(res->gf, res->cross_qk);
+    }
     return res;
 }
 

@@ -2,7 +2,7 @@
 //
 //   decode_params p{/*n_tokens=*/1, /*n_outputs=*/1};
 //   if (!reuse_enabled || !last || !last->can_reuse(p)) last = build_decoder(model, kv, p);  // else ++reuses
-//   last->set_inputs(batch);   // tokens, positions, KV row indices, mask: the only per-step data
+//   last->set_inputs(batch);   // tokens, positions, KV cells, mask: the only per-step data
 //
 // A graph is "single-use in terms of allocation, multi-use in terms of computation" (ggml): the
 // decoder's shapes depend only on (n_tokens, n_outputs) because attention always spans the whole
@@ -20,12 +20,16 @@
 
 namespace aural {
 
-// What one decoder step feeds: tokens at positions n_past.. and which batch rows need logits.
+// What one decoder step feeds: tokens of one or more sequences and which batch rows need logits.
 struct decode_batch {
     const int32_t * tokens = nullptr;
     uint32_t n_tokens = 0;
-    uint32_t n_past = 0;
+    std::vector<int32_t> pos;      // [n_tokens] decoder position of each token
+    std::vector<int32_t> seq;      // [n_tokens] sequence (beam) of each token
     std::vector<int32_t> outputs;  // batch indices whose logits are returned
+    // Filled by the context before the graph's inputs are set:
+    std::vector<int64_t> cells;        // [n_tokens] arena cell each token's K/V goes to
+    const kv_cells * kv = nullptr;     // the arena's bookkeeping after this step, for the mask
 };
 
 // Everything the decoder graph's topology depends on. Equal params => the same graph shape.
@@ -64,6 +68,13 @@ class graph_result {
     ggml_tensor * mel = nullptr;     // encoder input [2 * n_audio_ctx, n_mels]
     uint32_t n_audio_ctx = 0;        // encoder positions this graph was built for
     ggml_tensor * logits = nullptr;  // decoder output [n_vocab, n_outputs]
+    ggml_tensor * cross_qk = nullptr;  // aligner output [n_cross, n_tokens, n_heads]: cross-attention weights
+};
+
+// One cross-attention head whose weights follow the audio-text alignment (ref: openai-whisper
+// model.py `alignment_heads`, timing.py find_alignment).
+struct align_head {
+    int layer = 0, head = 0;
 };
 
 // Graph capacity: a Whisper layer is ~60 nodes; large-v3 has 32+32 layers.
@@ -74,6 +85,9 @@ constexpr size_t max_graph_nodes = 8192;
 // cost falls with it (attention quadratically), at some cost in accuracy the caller must weigh.
 std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv, uint32_t n_ctx);
 // Decoder: token batch -> logits of the requested outputs; writes the batch's K/V into `kv`.
-std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p);
+// With `heads`, also outputs the softmaxed cross-attention weights of those heads (`cross_qk`),
+// computed without flash attention since that never materialises them.
+std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p,
+                                            const std::vector<align_head> & heads = {});
 
 }  // namespace aural

@@ -1,6 +1,7 @@
 #include "kv-cache.h"
 
 #include <algorithm>
+#include <climits>
 #include <stdexcept>
 #include <string>
 
@@ -8,8 +9,11 @@
 
 namespace aural {
 
-kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, ggml_type type)
-    : n_ctx_(n_ctx), n_state_(hp.n_text_state), n_head_(hp.n_text_head), n_audio_ctx_(hp.n_audio_ctx) {
+kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, uint32_t n_seq, ggml_type type)
+    : n_ctx_(n_ctx), n_seq_(n_seq), n_state_(hp.n_text_state), n_head_(hp.n_text_head), n_audio_ctx_(hp.n_audio_ctx) {
+    if (n_seq < 1 || n_seq > 32) {  // a cell's sequence set is a 32-bit mask
+        throw std::invalid_argument("a KV arena holds 1 to 32 sequences, not " + std::to_string(n_seq));
+    }
     const uint32_t n_layer = hp.n_text_layer;
     ggml_init_params params = {/*.mem_size =*/ 4 * n_layer * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
                                /*.no_alloc =*/ true};
@@ -30,8 +34,8 @@ kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, g
         throw std::runtime_error("cannot allocate the KV arena on " + std::string(ggml_backend_dev_name(dev)));
     }
     clear();
-    AURAL_LOG_INFO("KV arena on %s: self %.2f MiB (%u cells x %u layers), cross %.2f MiB", ggml_backend_dev_name(dev),
-                   self_bytes() / 1048576.0, n_ctx, n_layer, cross_bytes() / 1048576.0);
+    AURAL_LOG_INFO("KV arena on %s: self %.2f MiB (%u cells x %u layers, %u sequences), cross %.2f MiB",
+                   ggml_backend_dev_name(dev), self_bytes() / 1048576.0, n_ctx, n_layer, n_seq, cross_bytes() / 1048576.0);
 }
 
 kv_cache::~kv_cache() {
@@ -69,28 +73,107 @@ ggml_tensor * kv_cache::cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int i
     return ggml_cpy(ctx, cur, ggml_view_2d(ctx, cv_[il], n_state_, cur->ne[1], cv_[il]->nb[1], 0));
 }
 
-void kv_cache::apply(uint32_t n_past, uint32_t n_tokens, uint32_t n_cross) {
-    if (n_cross > 0) {
-        if (n_cross > n_audio_ctx_) {
+std::vector<int64_t> kv_cache::apply(const kv_update & u) {
+    if (u.n_cross > 0) {
+        if (u.n_cross > n_audio_ctx_) {
             throw std::invalid_argument("a window has at most " + std::to_string(n_audio_ctx_) + " encoder positions");
         }
-        cells_ = kv_cells{0, n_cross};
-        return;
+        forget_self();
+        cells_.cross = u.n_cross;
+        return {};
     }
-    if (n_past > cells_.used) {
-        throw std::invalid_argument("n_past " + std::to_string(n_past) + " is beyond the " +
-                                    std::to_string(cells_.used) + " positions decoded so far");
+    if (!u.parents.empty()) {
+        reorder(u.parents);
+        return {};
     }
-    if (static_cast<uint64_t>(n_past) + n_tokens > n_ctx_) {
-        throw std::length_error("KV arena full: " + std::to_string(n_past) + " + " + std::to_string(n_tokens) +
+    return append(u.pos, u.seq);
+}
+
+void kv_cache::forget_self() {
+    cells_.pos.assign(n_ctx_, -1);
+    cells_.seqs.assign(n_ctx_, 0);
+}
+
+std::vector<int64_t> kv_cache::append(const std::vector<int32_t> & pos, const std::vector<int32_t> & seq) {
+    AURAL_ASSERT(pos.size() == seq.size() && !pos.empty());
+    // First new position of each sequence in this step: its cells from there on are a rewind.
+    std::vector<int32_t> first(n_seq_, INT32_MAX);
+    for (size_t i = 0; i < seq.size(); ++i) {
+        if (seq[i] < 0 || static_cast<uint32_t>(seq[i]) >= n_seq_) {
+            throw std::invalid_argument("sequence id " + std::to_string(seq[i]) + " is outside [0, " +
+                                        std::to_string(n_seq_) + ")");
+        }
+        first[seq[i]] = std::min(first[seq[i]], pos[i]);
+    }
+    std::vector<int32_t> kept(n_seq_, 0);
+    for (uint32_t c = 0; c < n_ctx_; ++c) {
+        for (uint32_t s = 0; s < n_seq_; ++s) {
+            if (!(cells_.seqs[c] >> s & 1u)) continue;
+            if (cells_.pos[c] >= first[s]) {
+                cells_.seqs[c] &= ~(1u << s);
+            } else {
+                kept[s]++;
+            }
+        }
+        if (cells_.seqs[c] == 0) cells_.pos[c] = -1;
+    }
+    for (uint32_t s = 0; s < n_seq_; ++s) {
+        if (first[s] != INT32_MAX && kept[s] != first[s]) {
+            throw std::invalid_argument("n_past " + std::to_string(first[s]) + " is beyond the " +
+                                        std::to_string(kept[s]) + " positions decoded so far");
+        }
+    }
+    std::vector<int64_t> out;
+    out.reserve(pos.size());
+    for (uint32_t c = 0; c < n_ctx_ && out.size() < pos.size(); ++c) {
+        if (cells_.seqs[c] == 0) out.push_back(c);
+    }
+    if (out.size() < pos.size()) {
+        throw std::length_error("KV arena full: " + std::to_string(used()) + " + " + std::to_string(pos.size()) +
                                 " tokens exceed its " + std::to_string(n_ctx_) + " cells");
     }
-    cells_.used = n_past + n_tokens;
+    for (size_t i = 0; i < pos.size(); ++i) {
+        cells_.pos[out[i]] = pos[i];
+        cells_.seqs[out[i]] = 1u << seq[i];
+    }
+    return out;
+}
+
+void kv_cache::reorder(const std::vector<int32_t> & parents) {
+    if (parents.size() > n_seq_) {
+        throw std::invalid_argument("a reorder names at most " + std::to_string(n_seq_) + " sequences");
+    }
+    for (int32_t p : parents) {
+        if (p < 0 || static_cast<uint32_t>(p) >= n_seq_) {
+            throw std::invalid_argument("parent sequence " + std::to_string(p) + " is outside [0, " +
+                                        std::to_string(n_seq_) + ")");
+        }
+    }
+    for (uint32_t c = 0; c < n_ctx_; ++c) {
+        uint32_t next = 0;
+        for (size_t j = 0; j < parents.size(); ++j) {
+            next |= (cells_.seqs[c] >> parents[j] & 1u) << j;
+        }
+        cells_.seqs[c] = next;
+        if (next == 0) cells_.pos[c] = -1;
+    }
+}
+
+uint32_t kv_cache::used() const {
+    return static_cast<uint32_t>(std::count_if(cells_.seqs.begin(), cells_.seqs.end(), [](uint32_t m) { return m != 0; }));
+}
+
+uint32_t kv_cache::high_water() const {
+    for (uint32_t c = n_ctx_; c > 0; --c) {
+        if (cells_.seqs[c - 1] != 0) return c;
+    }
+    return 0;
 }
 
 void kv_cache::clear() {
     ggml_backend_buffer_clear(buffer_, 0);
-    cells_ = kv_cells{};
+    forget_self();
+    cells_.cross = 0;
     for (auto * mirror : {&host_k_, &host_v_, &host_ck_, &host_cv_}) {
         for (auto & layer : *mirror) {
             std::fill(layer.begin(), layer.end(), 0);

@@ -1,13 +1,17 @@
 // The KV arena of one decoding session: decoder self-attention K/V and the cross-attention K/V of the
 // current 30 s window, resident in the device's memory.
 //
-//   kv_cache kv(dev, hp, /*n_ctx=*/512, GGML_TYPE_F16);   // allocated once, zero-cleared, size logged
+//   kv_cache kv(dev, hp, /*n_ctx=*/512, /*n_seq=*/1, GGML_TYPE_F16); // allocated once, zero-cleared, size logged
 //   ggml_tensor * k = kv.get_k(ctx, il);                  // view for a graph: [head_dim, n_ctx, n_head]
 //   ggml_build_forward_expand(gf, kv.cpy_k(ctx, k_cur, idxs, il)); // new rows written in place
-//   kv.apply(n_past, n_tokens);                           // the one method that changes the bookkeeping
+//   auto cells = kv.apply(update);                        // the one method that changes the bookkeeping
 //
 // Each step writes only its new rows (ggml_set_rows inside the graph); the history never leaves the
-// device. The `host_*` methods exist for the baseline `host` KV mode, which mirrors the old design.
+// device. Several sequences (beams, best-of samples) share the arena: a cell belongs to a set of
+// sequences, so beams share their common prefix, and reordering beams only rewrites that membership;
+// no K/V row moves (ref: llama.cpp llama_kv_cells, seq_id sets per cell). The attention mask lets each
+// token see the cells of its own sequence. The `host_*` methods exist for the baseline `host` KV mode,
+// which mirrors the old design.
 // Thread-safety: owned by one context; not shared.
 #pragma once
 
@@ -22,13 +26,26 @@ namespace aural {
 
 // Bookkeeping of the self-attention cells, kept apart from the tensors.
 struct kv_cells {
-    uint32_t used = 0;   // positions [0, used) hold valid K/V
-    uint32_t cross = 0;  // cross-attention rows [0, cross) hold the current window's K/V
+    std::vector<int32_t> pos;    // [n_ctx] decoder position held by each cell, -1 when free
+    std::vector<uint32_t> seqs;  // [n_ctx] bit s set: the cell belongs to sequence s; 0 when free
+    uint32_t cross = 0;          // cross-attention rows [0, cross) hold the current window's K/V
+
+    bool visible(uint32_t cell, int32_t seq, int32_t at) const {  // may a token of `seq` at `at` see it?
+        return (seqs[cell] >> seq & 1u) && pos[cell] <= at;
+    }
+};
+
+// One change to the bookkeeping; exactly one of the three parts is set.
+struct kv_update {
+    uint32_t n_cross = 0;            // a new window of n_cross encoder rows: every self cell is forgotten
+    std::vector<int32_t> pos, seq;   // a decoder step: token i goes to position pos[i] of sequence seq[i];
+                                     // each sequence forgets its cells at or after its first new position
+    std::vector<int32_t> parents;    // a beam reorder: new sequence j continues old sequence parents[j]
 };
 
 class kv_cache {
   public:
-    kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, ggml_type type);
+    kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, uint32_t n_seq, ggml_type type);
     ~kv_cache();
     kv_cache(const kv_cache &) = delete;
     kv_cache & operator=(const kv_cache &) = delete;
@@ -45,14 +62,17 @@ class kv_cache {
     ggml_tensor * cpy_cross_k(ggml_context * ctx, ggml_tensor * cur, int il) const;
     ggml_tensor * cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int il) const;
 
-    // The bookkeeping's only mutator. A new window (n_cross > 0) records its cross rows and forgets
-    // every self-attention cell; a decoder step records positions [n_past, n_past + n_tokens) and
-    // forgets those beyond (a rewind). Throws std::length_error when the arena would overflow.
-    void apply(uint32_t n_past, uint32_t n_tokens, uint32_t n_cross = 0);
+    // The bookkeeping's only mutator (see kv_update). A decoder step returns the cell of each token
+    // (free cells, lowest first); throws std::length_error when the arena would overflow and
+    // std::invalid_argument when a sequence would skip positions.
+    std::vector<int64_t> apply(const kv_update & u);
     void clear();  // zero the buffer and forget every cell
 
     uint32_t n_ctx() const { return n_ctx_; }
-    uint32_t used() const { return cells_.used; }
+    uint32_t n_seq() const { return n_seq_; }
+    uint32_t used() const;        // cells holding K/V of some sequence
+    uint32_t high_water() const;  // cells [0, high_water()) include every cell in use
+    const kv_cells & cells() const { return cells_; }
     uint32_t cross_rows() const { return cells_.cross; }
     size_t self_bytes() const;   // self-attention K+V of all layers
     size_t cross_bytes() const;  // cross-attention K+V of all layers
@@ -67,7 +87,7 @@ class kv_cache {
     size_t host_download_cross();
 
   private:
-    uint32_t n_ctx_ = 0;
+    uint32_t n_ctx_ = 0, n_seq_ = 1;
     uint32_t n_state_ = 0, n_head_ = 0, n_audio_ctx_ = 0;
     size_t row_bytes_ = 0;
     kv_cells cells_;
@@ -78,6 +98,9 @@ class kv_cache {
     std::vector<std::vector<uint8_t>> host_k_, host_v_, host_ck_, host_cv_;
 
     ggml_tensor * heads_view(ggml_context * ctx, ggml_tensor * t, int64_t n_rows) const;
+    std::vector<int64_t> append(const std::vector<int32_t> & pos, const std::vector<int32_t> & seq);
+    void reorder(const std::vector<int32_t> & parents);
+    void forget_self();
 };
 
 }  // namespace aural

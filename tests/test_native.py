@@ -161,3 +161,67 @@ def test_bad_model_files_name_the_file(tmp_path, tiny_gguf, case, message):
     with pytest.raises(RuntimeError, match=message) as err:
         _native.Model(str(path))
     assert str(path) in str(err.value)
+
+
+def test_sequences_share_the_prompt_and_reorder_moves_no_kv(native_model, jfk_mel):
+    """Beams as sequences of one arena: each lane's logits equal a lone decode of the same tokens,
+    before and after a reorder, and a reorder moves no bytes (device mode)."""
+    ctx = _native.Context(native_model, n_seq=3)
+    lone = _native.Context(native_model)
+    for c in (ctx, lone):
+        c.encode(np.ascontiguousarray(jfk_mel))
+    prompt = [SOT, NO_TIMESTAMPS]
+    ctx.decode(np.array(prompt, dtype=np.int32), 0)
+    ctx.reorder([0, 0, 0])
+    first = [843, 290, 523]  # " And", " and", " so": three distinct continuations
+    rows = ctx.decode(np.array(first, dtype=np.int32), 2, [0, 1, 2], [0, 1, 2])
+
+    def alone(tokens):
+        return lone.decode(np.array(prompt + tokens, dtype=np.int32), 0)[0]
+
+    for lane, token in enumerate(first):
+        np.testing.assert_allclose(rows[lane], alone([token]), atol=2e-2)
+    # Lanes 0 and 1 continue old lane 2, lane 2 continues old lane 0.
+    ctx.reorder([2, 2, 0])
+    rows = ctx.decode(np.array([616, 262, 616], dtype=np.int32), 3, [0, 1, 2], [0, 1, 2])  # " my", " the"
+    np.testing.assert_allclose(rows[0], alone([523, 616]), atol=2e-2)
+    np.testing.assert_allclose(rows[1], alone([523, 262]), atol=2e-2)
+    np.testing.assert_allclose(rows[2], alone([843, 616]), atol=2e-2)
+    stats = ctx.stats
+    assert stats["reorders"] == 2 and stats["kv_io_bytes_total"] == 0 and stats["n_seq"] == 3
+    # The prompt's 2 cells are shared by all lanes: 2 + 3 first tokens (one orphaned by the reorder
+    # and freed) + 3 second tokens.
+    assert stats["kv_used_tokens"] == 2 + 2 + 3
+
+
+def test_sequence_limits(native_model, jfk_mel):
+    with pytest.raises(ValueError, match="n_seq"):
+        _native.Context(native_model, n_seq=9)
+    ctx = _native.Context(native_model, n_seq=2)
+    ctx.encode(np.ascontiguousarray(jfk_mel))
+    with pytest.raises(ValueError, match="sequence id"):
+        ctx.decode(np.array([SOT], dtype=np.int32), 0, None, [2])
+    with pytest.raises(ValueError, match="parent"):
+        ctx.reorder([0, 5])
+    # Two diverging full-length sequences overflow the arena: cells for 448 + 224 positions.
+    cells = ctx.stats["kv_cells"]
+    ctx.decode(np.full(400, 440, dtype=np.int32), 0, None, [0] * 400)
+    with pytest.raises(_native.ContextFullError, match="arena full"):
+        ctx.decode(np.full(cells - 400 + 1, 440, dtype=np.int32), 0, None, [1] * (cells - 400 + 1))
+    # After the error the context still works.
+    assert ctx.decode(np.array([SOT, NO_TIMESTAMPS], dtype=np.int32), 0).shape == (1, 51864)
+
+
+def test_align_returns_normalised_head_weights_and_teacher_forced_logits(native_model, jfk_mel):
+    ctx = _native.Context(native_model)
+    ctx.encode(np.ascontiguousarray(jfk_mel))
+    tokens = [SOT, NO_TIMESTAMPS] + greedy(_native.Context(native_model), jfk_mel) + [EOT]
+    ctx.encode(np.ascontiguousarray(jfk_mel))
+    heads = [(1, 0), (3, 4)]
+    weights, logits = ctx.align(np.array(tokens, dtype=np.int32), heads)
+    assert weights.shape == (2, len(tokens), native_model.hparams["n_audio_ctx"])
+    np.testing.assert_allclose(weights.sum(axis=-1), 1.0, atol=1e-3)  # softmax over the audio
+    # Teacher forcing reproduces the greedy choices: each row's argmax is the next token.
+    assert list(np.argmax(logits[1:-1], axis=-1)) == tokens[2:]
+    with pytest.raises(ValueError, match="alignment head"):
+        ctx.align(np.array(tokens, dtype=np.int32), [(9, 0)])

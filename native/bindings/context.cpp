@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -19,11 +20,13 @@ namespace {
 using float_array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using int_array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
-std::unique_ptr<context> make_context(const model & m, const std::string & kv_mode, bool graph_reuse, int n_threads) {
+std::unique_ptr<context> make_context(const model & m, const std::string & kv_mode, bool graph_reuse, int n_threads,
+                                      uint32_t n_seq) {
     context_params p;
     p.mode = parse_kv_mode(kv_mode);
     p.graph_reuse = graph_reuse;
     p.n_threads = n_threads;
+    p.n_seq = n_seq;
     py::gil_scoped_release release;
     return std::make_unique<context>(m, p);
 }
@@ -39,15 +42,29 @@ void encode(context & self, const float_array & mel) {
     self.encode(data, n_frames);
 }
 
+// Positions: each token continues its own sequence, so the k-th token of sequence s in this batch
+// sits at n_past + k (one token per beam: every beam at n_past).
+std::vector<int32_t> positions(const std::vector<int32_t> & seq, uint32_t n_past) {
+    std::map<int32_t, int32_t> seen;
+    std::vector<int32_t> pos;
+    for (int32_t s : seq) pos.push_back(static_cast<int32_t>(n_past) + seen[s]++);
+    return pos;
+}
+
 py::array_t<float> decode(context & self, const int_array & tokens, uint32_t n_past,
-                          const std::optional<std::vector<int32_t>> & outputs) {
+                          const std::optional<std::vector<int32_t>> & outputs,
+                          const std::optional<std::vector<int32_t>> & seq_ids) {
     if (tokens.ndim() != 1 || tokens.shape(0) == 0) {
         throw std::invalid_argument("tokens must be a non-empty 1-D int32 array");
     }
     decode_batch batch;
     batch.tokens = tokens.data();
     batch.n_tokens = static_cast<uint32_t>(tokens.shape(0));
-    batch.n_past = n_past;
+    batch.seq = seq_ids.value_or(std::vector<int32_t>(batch.n_tokens, 0));
+    if (batch.seq.size() != batch.n_tokens) {
+        throw std::invalid_argument("seq_ids needs one sequence id per token");
+    }
+    batch.pos = positions(batch.seq, n_past);
     batch.outputs = outputs.value_or(std::vector<int32_t>{static_cast<int32_t>(batch.n_tokens) - 1});
     for (int32_t & o : batch.outputs) {
         o = o < 0 ? o + static_cast<int32_t>(batch.n_tokens) : o;  // Python-style negative indices
@@ -60,6 +77,31 @@ py::array_t<float> decode(context & self, const int_array & tokens, uint32_t n_p
         self.decode(batch, out);
     }
     return logits;
+}
+
+void reorder(context & self, const std::vector<int32_t> & parents) {
+    py::gil_scoped_release release;
+    self.reorder(parents);
+}
+
+py::tuple align(context & self, const int_array & tokens, const std::vector<std::pair<int, int>> & heads) {
+    if (tokens.ndim() != 1 || tokens.shape(0) == 0) {
+        throw std::invalid_argument("tokens must be a non-empty 1-D int32 array");
+    }
+    std::vector<align_head> hs;
+    for (const auto & [layer, head] : heads) hs.push_back({layer, head});
+    const auto n = static_cast<py::ssize_t>(tokens.shape(0));
+    const auto n_cross = static_cast<py::ssize_t>(self.kv().cross_rows());
+    py::array_t<float> weights({static_cast<py::ssize_t>(hs.size()), n, n_cross});
+    py::array_t<float> logits({n, static_cast<py::ssize_t>(self.mdl.hp.n_vocab)});
+    const int32_t * data = tokens.data();
+    float * w = weights.mutable_data();
+    float * l = logits.mutable_data();
+    {
+        py::gil_scoped_release release;
+        self.align(data, static_cast<uint32_t>(n), hs, w, l);
+    }
+    return py::make_tuple(weights, logits);
 }
 
 py::dict step_dict(const step_timings & t) {
@@ -91,6 +133,9 @@ py::dict stats_dict(const context & self) {
     d["tokens_decoded"] = s.tokens_decoded;
     d["encode_calls"] = s.encode_calls;
     d["encoder_builds"] = s.encoder_builds;
+    d["reorders"] = s.reorders;
+    d["align_calls"] = s.align_calls;
+    d["n_seq"] = self.kv().n_seq();
     d["cross_rows"] = self.kv().cross_rows();
     d["encoder_ms_total"] = s.encoder_ms_total;
     d["compute_ms_total"] = s.compute_ms_total;
@@ -120,14 +165,24 @@ py::dict report_dict(const backend_report & r) {
 void register_context(py::module_ & m) {
     py::class_<context>(m, "Context", "One transcription session: KV arena on the device, graphs, timings.")
         .def(py::init(&make_context), py::arg("model"), py::kw_only(), py::arg("kv_mode") = "device",
-             py::arg("graph_reuse") = true, py::arg("n_threads") = 0, py::keep_alive<1, 2>(),
-             "kv_mode 'device' keeps the KV history on the device; 'host' is the round-trip baseline.")
+             py::arg("graph_reuse") = true, py::arg("n_threads") = 0, py::arg("n_seq") = 1, py::keep_alive<1, 2>(),
+             "kv_mode 'device' keeps the KV history on the device; 'host' is the round-trip baseline. n_seq "
+             "sequences (beams, best-of samples, at most 8) can be decoded side by side.")
         .def("encode", &encode, py::arg("mel"),
              "Encode one window: mel float32 (n_mels, n_frames), n_frames even and <= 3000 (30 s); fewer "
              "frames encode a shorter audio context. Computes the cross K/V on the device.")
         .def("decode", &decode, py::arg("tokens"), py::arg("n_past"), py::arg("outputs") = py::none(),
-             "Append int32 `tokens` at position n_past; returns float32 logits (len(outputs), n_vocab), "
-             "by default for the last token only.")
+             py::arg("seq_ids") = py::none(),
+             "Append int32 `tokens` at position n_past of their sequences (seq_ids, default all 0; the k-th "
+             "token of a sequence goes to n_past + k); returns float32 logits (len(outputs), n_vocab), by "
+             "default for the last token only.")
+        .def("reorder", &reorder, py::arg("parents"),
+             "Beam reorder: new sequence j continues old sequence parents[j]; unnamed sequences end. "
+             "Moves no K/V: cells are shared by the sequences that contain them.")
+        .def("align", &align, py::arg("tokens"), py::arg("heads"),
+             "Teacher-force int32 `tokens` (sequence 0 from position 0) on the window last encoded; returns "
+             "(weights float32 (len(heads), n_tokens, n_cross): cross-attention of each (layer, head), "
+             "logits float32 (n_tokens, n_vocab)).")
         .def("clear_kv", &context::clear_kv, "Zero the KV arena and forget every position.")
         .def_property_readonly("kv_mode", [](const context & self) { return std::string(kv_mode_name(self.params.mode)); })
         .def_property_readonly("graph_reuse", [](const context & self) { return self.params.graph_reuse; })
