@@ -1,4 +1,9 @@
-"""Convert a CTranslate2 Whisper model directory into the single GGUF file the native runtime loads.
+"""Write the single GGUF file the native runtime loads, from a Whisper model read by a per-format reader.
+
+A reader turns its format into a `WhisperSource`: hyper-parameters, a lookup from GGUF tensor names to
+source values, the tokenizer JSON and the decoding metadata. This module holds the CTranslate2 reader
+(`read_ct2`, `ct2_source`) and the one writer (`write_gguf`); importers.py holds the whisper.cpp ggml and
+Hugging Face readers, which reuse the same tensor plan and writer.
 
 Why these dependencies: CTranslate2's model.bin is a flat little-endian record list, so it is parsed with
 `struct` and exposed as numpy views over an mmap (no ctranslate2 install, no copy of the weights); the
@@ -6,7 +11,7 @@ output is written with the `gguf` package because it is ggml's own reference wri
 loader's gguf_init_from_file reads exactly what it writes. Quantised types go through ggml's quantiser
 (`aural._native.quantize`) so the blocks are bit-for-bit what ggml's kernels expect.
 
-The GGUF is written tensor by tensor: each tensor is converted from its mmap view, written, and dropped,
+The GGUF is written tensor by tensor: each tensor is converted from its source view, written, and dropped,
 so peak memory is one tensor (dec.tok_emb, 51865 x n_state float32), not a second copy of the model.
 """
 
@@ -23,7 +28,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +43,17 @@ __all__ = [
     "HPARAM_KEYS",
     "WEIGHT_TYPES",
     "Ct2Model",
+    "LazyTensor",
     "WhisperHParams",
+    "WhisperSource",
+    "check_wtype",
     "convert_ct2",
+    "ct2_source",
+    "default_name",
     "file_sha256",
     "read_ct2",
     "whisper_hparams",
+    "write_gguf",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,6 +115,8 @@ _N_FFT = 400
 _ZERO_BIAS_TOL = 1e-6
 # (n_audio_state, n_audio_layer) of the released sizes (Radford et al. 2022, Table 1), for general.name.
 _SIZE_NAMES = {(384, 4): "tiny", (512, 6): "base", (768, 12): "small", (1024, 24): "medium", (1280, 32): "large"}
+# large-v3 (and turbo, built on it) is the first release with 128 mel bands (openai-whisper model.py ModelDimensions).
+_V3_N_MELS = 128
 # ggml quantises in blocks of 32 values along a row (ggml-common.h QK8_0 = QK5_0 = QK4_0 = 32).
 _QUANT_BLOCK = 32
 _HASH_CHUNK = 1 << 20  # bytes read per step when hashing
@@ -176,20 +189,78 @@ class WhisperHParams:
         return self.n_vocab >= _MULTILINGUAL_VOCAB
 
 
+class LazyTensor:
+    """Source values made only when the writer asks for them (dequantised, or widened from bfloat16), so
+    peak memory stays one tensor. numpy reads it through __array__.
+
+    Attributes:
+        shape: numpy (PyTorch) shape of the values.
+        dtype: numpy dtype of the values it makes (float16 or float32).
+        raw: (ggml type, uint8 blocks) of an already-quantised source, copied as is when the output
+            stores the tensor in that same type; None otherwise.
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, load: Callable[[], np.ndarray],
+                 raw: tuple[gguf.GGMLQuantizationType, np.ndarray] | None = None) -> None:
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.raw = raw
+        self._load = load
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = self._load()
+        return values if dtype is None else values.astype(dtype, copy=False)
+
+
+# A source tensor: a numpy array (often a view into the source file) or a LazyTensor.
+SourceArray = np.ndarray | LazyTensor
+
+
+@dataclass(frozen=True)
+class WhisperSource:
+    """A Whisper model read from one of the supported formats, ready for write_gguf.
+
+    Attributes:
+        path: the file or directory read; errors name it.
+        kind: "ctranslate2", "whisper.cpp" or "huggingface" (stored as whisper.source).
+        hparams: the model's dimensions.
+        lookup: GGUF tensor name -> (values in numpy shape, the source's own name for them); raises
+            ModelError naming the file when the source lacks the tensor.
+        tokenizer_json: HF tokenizers JSON of the vocabulary (tokenizer.py reads it).
+        sha256: hex sha256 of the source weights (whisper.source_sha256).
+        alignment_heads: [layer, head] pairs of the decoder's cross-attention used for word timing.
+        suppress_ids: token ids to suppress (the source's suppress_tokens), or [].
+        suppress_ids_begin: ids to suppress at the first step, or [].
+        lang_ids: ids of the language tokens, or [].
+        mel_filters: the (n_mels, 201) filterbank the source ships, or None for the standard Slaney one.
+    """
+
+    path: Path
+    kind: str
+    hparams: WhisperHParams
+    lookup: Callable[[str], tuple[SourceArray, str]]
+    tokenizer_json: str
+    sha256: str
+    alignment_heads: list[list[int]] = field(default_factory=list)
+    suppress_ids: list[int] = field(default_factory=list)
+    suppress_ids_begin: list[int] = field(default_factory=list)
+    lang_ids: list[int] = field(default_factory=list)
+    mel_filters: np.ndarray | None = None
+
+
 @dataclass(frozen=True)
 class _Tensor:
     """One GGUF tensor to write.
 
     Attributes:
         name: GGUF tensor name.
-        data: source values, a view into model.bin (a row slice for fused projections); numpy (PyTorch)
-            shape, which the writer reverses into ggml's ne order.
+        data: source values in numpy (PyTorch) shape, which the writer reverses into ggml's ne order.
         kind: "conv" (stored F16 for every type, like whisper.cpp), "f32" (biases, norms, position tables,
             mel filters: always F32), or "matrix" (2-D weights that follow the requested type).
     """
 
     name: str
-    data: np.ndarray
+    data: SourceArray
     kind: str
 
 
@@ -330,107 +401,124 @@ def _count_layers(model: Ct2Model, stack: str) -> int:
     return len(found)
 
 
-def _norm(model: Ct2Model, src: str, dst: str, n: int) -> list[_Tensor]:
-    return [
-        _Tensor(f"{dst}.weight", model.variable(f"{src}/gamma", (n,)), "f32"),
-        _Tensor(f"{dst}.bias", model.variable(f"{src}/beta", (n,)), "f32"),
-    ]
+# (GGUF name, numpy shape, kind) of every tensor the native loader binds (native/model.cpp bind_tensors).
+_Spec = tuple[str, tuple[int, ...], str]
 
 
-def _linear(model: Ct2Model, src: str, dst: str, n_out: int, n_in: int) -> list[_Tensor]:
-    return [
-        _Tensor(f"{dst}.weight", model.variable(f"{src}/weight", (n_out, n_in)), "matrix"),
-        _Tensor(f"{dst}.bias", model.variable(f"{src}/bias", (n_out,)), "f32"),
-    ]
+def _norm(prefix: str, n: int) -> list[_Spec]:
+    return [(f"{prefix}.weight", (n,), "f32"), (f"{prefix}.bias", (n,), "f32")]
 
 
-def _split(model: Ct2Model, src: str, dst: str, parts: str, n: int) -> list[_Tensor]:
-    """Split a fused projection ([q;k;v] or [k;v] stacked along rows) into one tensor per part.
-
-    Whisper's k projection has no bias; CTranslate2 pads the fused bias with zeros there, which are
-    checked and dropped so the GGUF matches the original model.
-    """
-    weight = model.variable(f"{src}/weight", (len(parts) * n, n))
-    bias = model.variable(f"{src}/bias", (len(parts) * n,))
-    out = []
-    for i, part in enumerate(parts):
-        rows = slice(i * n, (i + 1) * n)
-        out.append(_Tensor(f"{dst}.{part}.weight", weight[rows], "matrix"))
-        if part != "k":
-            out.append(_Tensor(f"{dst}.{part}.bias", bias[rows], "f32"))
-        elif np.abs(bias[rows].astype(np.float32)).max() > _ZERO_BIAS_TOL:
-            raise ModelError(f"{model.path / 'model.bin'} '{src}' has a non-zero key bias; Whisper's keys have none.")
-    return out
+def _linear(prefix: str, n_out: int, n_in: int, bias: bool = True) -> list[_Spec]:
+    return [(f"{prefix}.weight", (n_out, n_in), "matrix")] + ([(f"{prefix}.bias", (n_out,), "f32")] if bias else [])
 
 
-def _attention(model: Ct2Model, src: str, dst: str, n: int) -> list[_Tensor]:
-    # Self-attention: linear_0 = fused q,k,v [3n, n]; linear_1 = output projection.
-    return _split(model, f"{src}/linear_0", dst, "qkv", n) + _linear(model, f"{src}/linear_1", f"{dst}.out", n, n)
+def _attention(prefix: str, n: int) -> list[_Spec]:
+    # Whisper's key projection has no bias (openai-whisper model.py MultiHeadAttention: key bias=False).
+    return (_linear(f"{prefix}.q", n, n) + _linear(f"{prefix}.k", n, n, bias=False)
+            + _linear(f"{prefix}.v", n, n) + _linear(f"{prefix}.out", n, n))
 
 
-def _cross_attention(model: Ct2Model, src: str, dst: str, n: int) -> list[_Tensor]:
-    # Cross-attention: linear_0 = q [n, n]; linear_1 = fused k,v [2n, n]; linear_2 = output projection.
-    return (
-        _linear(model, f"{src}/linear_0", f"{dst}.q", n, n)
-        + _split(model, f"{src}/linear_1", dst, "kv", n)
-        + _linear(model, f"{src}/linear_2", f"{dst}.out", n, n)
-    )
-
-
-def _mlp(model: Ct2Model, src: str, dst: str, n: int) -> list[_Tensor]:
+def _mlp(prefix: str, n: int) -> list[_Spec]:
     # Whisper's MLP is n -> 4n -> n (openai-whisper model.py ResidualAttentionBlock, n_mlp = n_state * 4).
-    return (
-        _norm(model, f"{src}/layer_norm", f"{dst}_ln", n)
-        + _linear(model, f"{src}/linear_0", f"{dst}.0", 4 * n, n)
-        + _linear(model, f"{src}/linear_1", f"{dst}.2", n, 4 * n)
-    )
+    return _norm(f"{prefix}_ln", n) + _linear(f"{prefix}.0", 4 * n, n) + _linear(f"{prefix}.2", n, 4 * n)
 
 
-def _encoder(model: Ct2Model, hp: WhisperHParams) -> list[_Tensor]:
-    n = hp.n_audio_state
-    out = [
-        _Tensor("enc.conv1.weight", model.variable("encoder/conv1/weight", (n, hp.n_mels, 3)), "conv"),
-        _Tensor("enc.conv1.bias", model.variable("encoder/conv1/bias", (n,)), "f32"),
-        _Tensor("enc.conv2.weight", model.variable("encoder/conv2/weight", (n, n, 3)), "conv"),
-        _Tensor("enc.conv2.bias", model.variable("encoder/conv2/bias", (n,)), "f32"),
-        _Tensor("enc.pos", model.variable("encoder/position_encodings/encodings", (hp.n_audio_ctx, n)), "f32"),
+def _specs(hp: WhisperHParams) -> list[_Spec]:
+    """Every GGUF tensor of a model with these dimensions, encoder first."""
+    na, nt = hp.n_audio_state, hp.n_text_state
+    out: list[_Spec] = [
+        ("enc.conv1.weight", (na, hp.n_mels, 3), "conv"), ("enc.conv1.bias", (na,), "f32"),
+        ("enc.conv2.weight", (na, na, 3), "conv"), ("enc.conv2.bias", (na,), "f32"),
+        ("enc.pos", (hp.n_audio_ctx, na), "f32"),
     ]
     for i in range(hp.n_audio_layer):
-        src, dst = f"encoder/layer_{i}", f"enc.blk.{i}"
-        out += _norm(model, f"{src}/self_attention/layer_norm", f"{dst}.attn_ln", n)
-        out += _attention(model, f"{src}/self_attention", f"{dst}.attn", n)
-        out += _mlp(model, f"{src}/ffn", f"{dst}.mlp", n)
-    return out + _norm(model, "encoder/layer_norm", "enc.ln_post", n)
-
-
-def _decoder(model: Ct2Model, hp: WhisperHParams) -> list[_Tensor]:
-    n = hp.n_text_state
-    out = [
-        _Tensor("dec.tok_emb", model.variable("decoder/embeddings/weight", (hp.n_vocab, n)), "matrix"),
-        _Tensor("dec.pos", model.variable("decoder/position_encodings/encodings", (hp.n_text_ctx, n)), "f32"),
-    ]
+        out += _norm(f"enc.blk.{i}.attn_ln", na) + _attention(f"enc.blk.{i}.attn", na) + _mlp(f"enc.blk.{i}.mlp", na)
+    out += _norm("enc.ln_post", na)
+    out += [("dec.tok_emb", (hp.n_vocab, nt), "matrix"), ("dec.pos", (hp.n_text_ctx, nt), "f32")]
     for i in range(hp.n_text_layer):
-        src, dst = f"decoder/layer_{i}", f"dec.blk.{i}"
-        out += _norm(model, f"{src}/self_attention/layer_norm", f"{dst}.attn_ln", n)
-        out += _attention(model, f"{src}/self_attention", f"{dst}.attn", n)
-        out += _norm(model, f"{src}/attention/layer_norm", f"{dst}.cross_ln", n)
-        out += _cross_attention(model, f"{src}/attention", f"{dst}.cross", n)
-        out += _mlp(model, f"{src}/ffn", f"{dst}.mlp", n)
-    return out + _norm(model, "decoder/layer_norm", "dec.ln", n)
+        p = f"dec.blk.{i}"
+        out += _norm(f"{p}.attn_ln", nt) + _attention(f"{p}.attn", nt)
+        out += _norm(f"{p}.cross_ln", nt) + _attention(f"{p}.cross", nt) + _mlp(f"{p}.mlp", nt)
+    return out + _norm("dec.ln", nt)
 
 
-def _plan(model: Ct2Model, hp: WhisperHParams) -> list[_Tensor]:
-    """Every output tensor with its source view; all shapes are checked here, before anything is written."""
-    tensors = _encoder(model, hp) + _decoder(model, hp)
-    for t in tensors:
-        if t.data.dtype not in _FLOAT_DTYPES:
+def _plan(source: WhisperSource) -> list[_Tensor]:
+    """Every output tensor with its source values; all shapes are checked here, before anything is written."""
+    tensors = []
+    for name, shape, kind in _specs(source.hparams):
+        data, origin = source.lookup(name)
+        if data.shape != shape:
+            raise ModelError(f"{source.path}: '{origin}' has shape {data.shape}, expected {shape}.")
+        if data.dtype not in _FLOAT_DTYPES:
             raise ModelError(
-                f"{model.path / 'model.bin'} stores {t.name} as {t.data.dtype.name}; "
-                "only float16 and float32 exports can be converted."
+                f"{source.path} stores '{origin}' as {data.dtype.name}; "
+                "only float16 and float32 weights can be converted."
             )
+        tensors.append(_Tensor(name, data, kind))
     # (n_mels, 1 + n_fft // 2) = (n_mels, 201) Slaney filters, stored so the runtime computes the same features.
-    filters = np.ascontiguousarray(mel_filters(hp.n_mels, n_fft=_N_FFT), dtype=np.float32)
-    return tensors + [_Tensor("mel_filters", filters, "f32")]
+    filters = mel_filters(source.hparams.n_mels, n_fft=_N_FFT) if source.mel_filters is None else source.mel_filters
+    return tensors + [_Tensor("mel_filters", np.ascontiguousarray(filters, dtype=np.float32), "f32")]
+
+
+# GGUF name -> CTranslate2 variable for the whole-model tensors (CTranslate2 converters/transformers.py
+# WhisperLoader: layer norms are gamma/beta, positions are position_encodings/encodings).
+_CT2_GLOBAL = {
+    "enc.conv1.weight": "encoder/conv1/weight", "enc.conv1.bias": "encoder/conv1/bias",
+    "enc.conv2.weight": "encoder/conv2/weight", "enc.conv2.bias": "encoder/conv2/bias",
+    "enc.pos": "encoder/position_encodings/encodings",
+    "enc.ln_post.weight": "encoder/layer_norm/gamma", "enc.ln_post.bias": "encoder/layer_norm/beta",
+    "dec.tok_emb": "decoder/embeddings/weight", "dec.pos": "decoder/position_encodings/encodings",
+    "dec.ln.weight": "decoder/layer_norm/gamma", "dec.ln.bias": "decoder/layer_norm/beta",
+}
+# Block part -> (CTranslate2 module under layer_N, index in the fused projection, parts fused). Self-attention
+# fuses [q; k; v] in linear_0; cross-attention has q in linear_0 and fuses [k; v] in linear_1.
+_CT2_BLOCK = {
+    "attn_ln": ("self_attention/layer_norm", 0, 1), "attn.q": ("self_attention/linear_0", 0, 3),
+    "attn.k": ("self_attention/linear_0", 1, 3), "attn.v": ("self_attention/linear_0", 2, 3),
+    "attn.out": ("self_attention/linear_1", 0, 1), "cross_ln": ("attention/layer_norm", 0, 1),
+    "cross.q": ("attention/linear_0", 0, 1), "cross.k": ("attention/linear_1", 0, 2),
+    "cross.v": ("attention/linear_1", 1, 2), "cross.out": ("attention/linear_2", 0, 1),
+    "mlp_ln": ("ffn/layer_norm", 0, 1), "mlp.0": ("ffn/linear_0", 0, 1), "mlp.2": ("ffn/linear_1", 0, 1),
+}
+_BLOCK_RE = re.compile(r"(enc|dec)\.blk\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def _ct2_lookup(model: Ct2Model) -> Callable[[str], tuple[np.ndarray, str]]:
+    def lookup(name: str) -> tuple[np.ndarray, str]:
+        if name in _CT2_GLOBAL:
+            return model.variable(_CT2_GLOBAL[name]), _CT2_GLOBAL[name]
+        m = _BLOCK_RE.match(name)
+        module, index, n_parts = _CT2_BLOCK[m.group(3)]
+        stack = "encoder" if m.group(1) == "enc" else "decoder"
+        kind = {"weight": "gamma", "bias": "beta"}[m.group(4)] if module.endswith("layer_norm") else m.group(4)
+        variable = f"{stack}/layer_{m.group(2)}/{module}/{kind}"
+        if n_parts == 1:
+            return model.variable(variable), variable
+        if m.group(3).endswith(".k"):
+            _check_zero_key_bias(model, f"{stack}/layer_{m.group(2)}/{module}/bias", index, n_parts)
+        return _fused_part(model, variable, index, n_parts), f"{variable}[part {index + 1} of {n_parts}]"
+
+    return lookup
+
+
+def _fused_part(model: Ct2Model, variable: str, index: int, n_parts: int) -> np.ndarray:
+    """Rows index*n .. (index+1)*n of a projection fused from n_parts stacked along rows."""
+    fused = model.variable(variable)
+    if fused.shape[0] % n_parts:
+        raise ModelError(
+            f"{model.path / 'model.bin'} '{variable}' has {fused.shape[0]} rows, not {n_parts} equal parts."
+        )
+    rows = fused.shape[0] // n_parts
+    return fused[index * rows : (index + 1) * rows]
+
+
+def _check_zero_key_bias(model: Ct2Model, bias: str, index: int, n_parts: int) -> None:
+    # Whisper's k projection has no bias; CTranslate2 pads the fused bias with zeros there (converters/utils.py
+    # fuse_linear), which are checked and dropped so the GGUF matches the original model.
+    k = _fused_part(model, bias, index, n_parts)
+    if k.size and np.abs(k.astype(np.float32)).max() > _ZERO_BIAS_TOL:
+        raise ModelError(f"{model.path / 'model.bin'} '{bias}' has a non-zero key bias; Whisper's keys have none.")
 
 
 def _storage_type(t: _Tensor, wtype: str) -> gguf.GGMLQuantizationType:
@@ -455,7 +543,10 @@ def _layout(shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> tuple[t
     return shape, dtype, int(np.prod(shape)) * dtype.itemsize
 
 
-def _encode(data: np.ndarray, qtype: gguf.GGMLQuantizationType, quantize: _Quantize | None) -> np.ndarray:
+def _encode(data: SourceArray, qtype: gguf.GGMLQuantizationType, quantize: _Quantize | None) -> np.ndarray:
+    raw = getattr(data, "raw", None)
+    if raw is not None and raw[0] == qtype:
+        return raw[1]  # already in the requested ggml type: copied, not dequantised and quantised again
     if qtype == gguf.GGMLQuantizationType.F32:
         return np.ascontiguousarray(data, dtype=np.float32)
     if qtype == gguf.GGMLQuantizationType.F16:
@@ -473,16 +564,17 @@ def _native_quantize() -> _Quantize:
     return _native.quantize
 
 
-def _int_list(model: Ct2Model, key: str) -> list[int]:
-    values = model.config.get(key, [])
+def _int_list(config: dict[str, Any], key: str, path: Path) -> list[int]:
+    values = config.get(key, [])
     if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
-        raise ModelError(f"{model.path / 'config.json'} '{key}' must be a list of integers.")
+        raise ModelError(f"{path} '{key}' must be a list of integers.")
     return values
 
 
-def _alignment_heads(model: Ct2Model, hp: WhisperHParams) -> list[int]:
-    """config.json's [[layer, head], ...] flattened to layer, head, layer, head, ..., checked against the decoder."""
-    pairs = model.config.get("alignment_heads", [])
+def _alignment_heads(source: WhisperSource) -> list[int]:
+    """The [[layer, head], ...] pairs flattened to layer, head, layer, head, ..., checked against the decoder."""
+    hp = source.hparams
+    pairs = source.alignment_heads
     valid = isinstance(pairs, list) and all(
         isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) for v in p)
         and 0 <= p[0] < hp.n_text_layer and 0 <= p[1] < hp.n_text_head
@@ -490,7 +582,7 @@ def _alignment_heads(model: Ct2Model, hp: WhisperHParams) -> list[int]:
     )
     if not valid:
         raise ModelError(
-            f"{model.path / 'config.json'} alignment_heads must be [layer, head] pairs inside the "
+            f"{source.path} alignment_heads must be [layer, head] pairs inside the "
             f"{hp.n_text_layer}-layer, {hp.n_text_head}-head decoder."
         )
     return [v for pair in pairs for v in pair]
@@ -502,23 +594,29 @@ def _add_int32_array(writer: gguf.GGUFWriter, key: str, values: list[int]) -> No
         writer.add_key_value(key, values, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
 
 
-def _add_metadata(writer: gguf.GGUFWriter, model: Ct2Model, hp: WhisperHParams, wtype: str, name: str) -> None:
+def _add_metadata(writer: gguf.GGUFWriter, source: WhisperSource, wtype: str, name: str) -> None:
+    hp = source.hparams
     writer.add_name(name)
     writer.add_file_type(FILE_TYPES[wtype])
-    for field, key in HPARAM_KEYS.items():
-        writer.add_uint32(key, getattr(hp, field))
+    for key_field, key in HPARAM_KEYS.items():
+        writer.add_uint32(key, getattr(hp, key_field))
     writer.add_bool("whisper.multilingual", hp.multilingual)
-    _add_int32_array(writer, "whisper.alignment_heads", _alignment_heads(model, hp))
-    _add_int32_array(writer, "whisper.suppress_tokens", _int_list(model, "suppress_ids"))
-    _add_int32_array(writer, "whisper.suppress_tokens_begin", _int_list(model, "suppress_ids_begin"))
-    _add_int32_array(writer, "whisper.lang_ids", _int_list(model, "lang_ids"))
-    writer.add_string("whisper.source", "ctranslate2")
-    writer.add_string("whisper.source_sha256", file_sha256(model.path / "model.bin"))
-    writer.add_string("tokenizer.huggingface.json", model.tokenizer_json)
+    _add_int32_array(writer, "whisper.alignment_heads", _alignment_heads(source))
+    _add_int32_array(writer, "whisper.suppress_tokens", source.suppress_ids)
+    _add_int32_array(writer, "whisper.suppress_tokens_begin", source.suppress_ids_begin)
+    _add_int32_array(writer, "whisper.lang_ids", source.lang_ids)
+    writer.add_string("whisper.source", source.kind)
+    writer.add_string("whisper.source_sha256", source.sha256)
+    writer.add_string("tokenizer.huggingface.json", source.tokenizer_json)
 
 
-def _default_name(hp: WhisperHParams) -> str:
+def default_name(hp: WhisperHParams) -> str:
+    """general.name for a model of these dimensions: whisper-tiny.en, whisper-large-v3, whisper-large-v3-turbo."""
     size = _SIZE_NAMES.get((hp.n_audio_state, hp.n_audio_layer), f"{hp.n_audio_state}x{hp.n_audio_layer}")
+    if hp.n_mels == _V3_N_MELS:
+        size += "-v3"
+    if hp.n_text_layer < hp.n_audio_layer:
+        size += "-turbo"  # turbo keeps large-v3's encoder with a 4-layer decoder
     return f"whisper-{size}" + ("" if hp.multilingual else ".en")
 
 
@@ -548,20 +646,40 @@ def _atomic_output(out: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def convert_ct2(src_dir: str | Path, out_path: str | Path, *, wtype: str = "f16", name: str | None = None) -> Path:
-    """Convert a CTranslate2 Whisper directory into one GGUF at out_path (written atomically); return the path."""
+def ct2_source(model: Ct2Model) -> WhisperSource:
+    """The WhisperSource of a parsed CTranslate2 directory (metadata from its config.json)."""
+    config_path = model.path / "config.json"
+    return WhisperSource(
+        path=model.path / "model.bin",
+        kind="ctranslate2",
+        hparams=whisper_hparams(model),
+        lookup=_ct2_lookup(model),
+        tokenizer_json=model.tokenizer_json,
+        sha256=file_sha256(model.path / "model.bin"),
+        alignment_heads=model.config.get("alignment_heads", []),
+        suppress_ids=_int_list(model.config, "suppress_ids", config_path),
+        suppress_ids_begin=_int_list(model.config, "suppress_ids_begin", config_path),
+        lang_ids=_int_list(model.config, "lang_ids", config_path),
+    )
+
+
+def check_wtype(wtype: str) -> None:
+    """Raise ModelError naming the accepted weight types unless wtype is one of them."""
     if wtype not in WEIGHT_TYPES:
         raise ModelError(f"Unknown weight type '{wtype}'; accepted: {', '.join(WEIGHT_TYPES)}.")
+
+
+def write_gguf(source: WhisperSource, out_path: str | Path, *, wtype: str = "f16", name: str | None = None) -> Path:
+    """Write source as one GGUF at out_path (atomically), matrices stored as wtype; return the path."""
+    check_wtype(wtype)
     quantize = _native_quantize() if wtype in _QUANTISED else None
     start = time.perf_counter()
-    model = read_ct2(src_dir)
-    hp = whisper_hparams(model)
-    tensors = [(t, _storage_type(t, wtype)) for t in _plan(model, hp)]
+    tensors = [(t, _storage_type(t, wtype)) for t in _plan(source)]
     out = Path(out_path)
     with _atomic_output(out) as tmp:
         writer = gguf.GGUFWriter(tmp, "whisper")
         try:
-            _add_metadata(writer, model, hp, wtype, name or _default_name(hp))
+            _add_metadata(writer, source, wtype, name or default_name(source.hparams))
             for t, qtype in tensors:
                 shape, dtype, n_bytes = _layout(t.data.shape, qtype)
                 writer.add_tensor_info(t.name, shape, dtype, n_bytes, raw_dtype=qtype)
@@ -573,7 +691,13 @@ def convert_ct2(src_dir: str | Path, out_path: str | Path, *, wtype: str = "f16"
         finally:
             writer.close()
     logger.info(
-        "converted %s to %s (%s, %.1f MiB) in %.2f s",
-        model.path, out, wtype, out.stat().st_size / 2**20, time.perf_counter() - start,
+        "converted %s (%s) to %s (%s, %.1f MiB) in %.2f s",
+        source.path, source.kind, out, wtype, out.stat().st_size / 2**20, time.perf_counter() - start,
     )
     return out
+
+
+def convert_ct2(src_dir: str | Path, out_path: str | Path, *, wtype: str = "f16", name: str | None = None) -> Path:
+    """Convert a CTranslate2 Whisper directory into one GGUF at out_path (written atomically); return the path."""
+    check_wtype(wtype)
+    return write_gguf(ct2_source(read_ct2(src_dir)), out_path, wtype=wtype, name=name)

@@ -7,8 +7,10 @@ model.bin is verified without a hash list of our own; gguf's GGUFReader memory-m
 reads the metadata without copying weights.
 
 Cache layout: <cache>/models/<name>-<wtype>.gguf plus <name>-<wtype>.gguf.sha256 (sha256sum format), where
-<cache> is $AURAL_CACHE_DIR or platformdirs.user_cache_dir("aural"). A CTranslate2 directory given by path
-is cached as ct2-<first 16 hex of its model.bin sha256>-<wtype>.gguf. Files only ever appear by atomic
+<cache> is $AURAL_CACHE_DIR or platformdirs.user_cache_dir("aural"). A model given by path is cached by
+the sha256 of its weights: ct2-<16 hex>-<wtype>.gguf for a CTranslate2 directory (of model.bin),
+hf-<16 hex>-<wtype>.gguf for a Hugging Face directory (of its safetensors files), ggml-<16 hex>-<wtype>.gguf
+for a whisper.cpp ggml .bin. Files only ever appear by atomic
 rename, and conversion is deterministic, so two processes filling the cache at once both end with the same
 intact file (at worst both convert); no lock is needed.
 
@@ -36,8 +38,9 @@ from typing import Any, BinaryIO
 import gguf
 import platformdirs
 
-from aural.engine.convert import FILE_TYPES, HPARAM_KEYS, WEIGHT_TYPES, convert_ct2, file_sha256
+from aural.engine.convert import FILE_TYPES, HPARAM_KEYS, WEIGHT_TYPES, check_wtype, convert_ct2, file_sha256
 from aural.engine.errors import ModelError
+from aural.engine.importers import FORMATS, convert_model, source_format, source_sha256
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -150,12 +153,11 @@ def resolve_model(spec: str | Path | None = None, *, wtype: str = "f16") -> Path
     """Return the GGUF to load for spec, converting into the cache on first use.
 
     spec: None (DEFAULT_MODEL), a known name ("tiny.en", "base"; a name wins over a same-named folder, so
-    write ./base for a folder), a .gguf path (returned as is, whatever wtype says), or a CTranslate2 directory.
-    A known name bundled with the program resolves to the bundled file. Later calls reuse the cached file
-    after checking its sha256 (about 0.1 s for tiny.en f16).
+    write ./base for a folder), a .gguf path (returned as is, whatever wtype says), a CTranslate2 or Hugging
+    Face Whisper directory, or a whisper.cpp ggml .bin. A known name bundled with the program resolves to the
+    bundled file. Later calls reuse the cached file after checking its sha256 (about 0.1 s for tiny.en f16).
     """
-    if wtype not in WEIGHT_TYPES:
-        raise ModelError(f"Unknown weight type '{wtype}'; accepted: {', '.join(WEIGHT_TYPES)}.")
+    check_wtype(wtype)
     spec = DEFAULT_MODEL if spec is None else spec
     if isinstance(spec, str) and spec in _SOURCES:
         source = _SOURCES[spec]
@@ -164,14 +166,15 @@ def resolve_model(spec: str | Path | None = None, *, wtype: str = "f16") -> Path
             return bundled
         return _cached(cache_dir() / f"{source.name}-{wtype}.gguf", lambda out: _convert_source(source, out, wtype))
     path = Path(spec).expanduser()
-    if path.is_dir():
-        return _resolve_ct2_dir(path, wtype)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelError(f"Model file {path} does not exist.")
         return path
+    if path.is_dir() or path.is_file():
+        return _resolve_source(path, wtype)
     raise ModelError(
-        f"'{spec}' is not a known model ({', '.join(_SOURCES)}), a .gguf file or a CTranslate2 model directory."
+        f"'{spec}' is not a known model ({', '.join(_SOURCES)}), a .gguf file, a whisper.cpp ggml .bin "
+        "or a CTranslate2 or Hugging Face model directory."
     )
 
 
@@ -179,13 +182,11 @@ def _bundled(name: str, wtype: str) -> Path:
     return _BUNDLED_DIR / f"{name}-{wtype}.gguf"
 
 
-def _resolve_ct2_dir(path: Path, wtype: str) -> Path:
-    model_bin = path / "model.bin"
-    if not model_bin.is_file():
-        raise ModelError(f"{path} has no model.bin, so it is not a CTranslate2 model directory.")
+def _resolve_source(path: Path, wtype: str) -> Path:
+    """The cached GGUF of a model directory or ggml file, keyed by its format and the sha256 of its weights."""
     # 16 hex digits (64 bits) of the source hash keep different exports apart without long file names.
-    key = f"ct2-{file_sha256(model_bin)[:16]}"
-    return _cached(cache_dir() / f"{key}-{wtype}.gguf", lambda out: convert_ct2(path, out, wtype=wtype))
+    key = f"{FORMATS[source_format(path)]}-{source_sha256(path)[:16]}"
+    return _cached(cache_dir() / f"{key}-{wtype}.gguf", lambda out: convert_model(path, out, wtype=wtype))
 
 
 def _sidecar(target: Path) -> Path:

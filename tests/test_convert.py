@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-from aural.engine.convert import FILE_TYPES, WEIGHT_TYPES, convert_ct2, read_ct2, whisper_hparams
+from aural.engine.convert import (
+    FILE_TYPES,
+    WEIGHT_TYPES,
+    WhisperHParams,
+    convert_ct2,
+    default_name,
+    read_ct2,
+    whisper_hparams,
+)
 from aural.engine.errors import ModelError
 from aural.engine.features import mel_filters
 
@@ -142,6 +150,21 @@ def test_hparams_from_shapes(ct2):
     assert (hp.n_audio_state, hp.n_audio_head, hp.n_audio_layer) == (384, 6, 4)
     assert (hp.n_text_state, hp.n_text_head, hp.n_text_layer) == (384, 6, 4)
     assert not hp.multilingual
+
+
+@pytest.mark.parametrize("dims, name", [
+    ((384, 4, 4, 80, 51864), "whisper-tiny.en"),
+    ((1280, 32, 32, 80, 51865), "whisper-large"),
+    ((1280, 32, 32, 128, 51866), "whisper-large-v3"),
+    ((1280, 32, 4, 128, 51866), "whisper-large-v3-turbo"),
+    ((128, 2, 1, 80, 51865), "whisper-128x2-turbo"),
+])
+def test_default_names(dims, name):
+    n_state, n_audio_layer, n_text_layer, n_mels, n_vocab = dims
+    hp = WhisperHParams(n_vocab=n_vocab, n_audio_ctx=1500, n_audio_state=n_state, n_audio_head=n_state // 64,
+                        n_audio_layer=n_audio_layer, n_text_ctx=448, n_text_state=n_state,
+                        n_text_head=n_state // 64, n_text_layer=n_text_layer, n_mels=n_mels)
+    assert default_name(hp) == name
 
 
 def test_reader_maps_without_copying(ct2):

@@ -111,6 +111,10 @@ def test_bad_specs(cache, tmp_path):
         resolve_model(wtype="f8")
     with pytest.raises(ModelError, match="no model.bin"):
         resolve_model(tmp_path)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model")
+    with pytest.raises(ModelError, match=f"{notes} is not a whisper.cpp ggml model file"):
+        resolve_model(notes)
 
 
 def test_concurrent_resolves_agree(cache):
