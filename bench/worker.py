@@ -5,7 +5,11 @@ Runs under either interpreter: Aural's (.venv) for engine "aural", bench/.venv f
 
 Spec keys: engine; model (GGUF / CT2 dir / ggml .bin); threads; beam (1 = greedy); inputs [{key, path
 (.npy float32 16 kHz)}]; warmup_s (seconds of the first input transcribed once before timing, 0: none);
-aural: kv_mode, device; faster-whisper: compute_type.
+word_timestamps (aural and faster-whisper: each result gets "words", [[word, start_s, end_s,
+probability], ...]); aural: kv_mode, device; faster-whisper: compute_type.
+
+Aural results also carry "session_stats": the native context's counters for that input (decode calls,
+tokens decoded, graph builds and reuses, beam reorders, alignment passes).
 
 Every engine gets the same decoding set-up where it has the knob: English, openai-whisper's temperature
 fallback (0.0..1.0 step 0.2), compression-ratio 2.4 (whisper.cpp: entropy 2.4), log-prob -1.0,
@@ -64,10 +68,21 @@ class AuralEngine:
         kwargs: dict[str, Any] = {"language": "en"}
         if "beam_size" in fields:
             kwargs["beam_size"] = self.beam
+        if spec.get("word_timestamps"):
+            kwargs["word_timestamps"] = True
         self.options = TranscribeOptions(**kwargs)
         self.kv_mode = spec.get("kv_mode", "device")
         self.model = WhisperModel(spec["model"], device=spec.get("device", "auto"), n_threads=int(spec["threads"]))
         self.info = {"backend": self.model.backend, "device": self.model.device, "kv_mode": self.kv_mode}
+        # transcribe() keeps its native session to itself: remember the last one made, for its counters.
+        self._session = None
+        new_session = self.model.new_session
+
+        def remembered_session(*args, **kwargs):
+            self._session = new_session(*args, **kwargs)
+            return self._session
+
+        self.model.new_session = remembered_session
 
     def transcribe(self, samples: np.ndarray) -> dict[str, Any]:
         from aural.engine.transcribe import transcribe
@@ -78,7 +93,8 @@ class AuralEngine:
         processing_s = time.perf_counter() - start
         t = tr.timings.to_dict()
         per_call = t["compute_ms"] + t["kv_io_ms"] + t["logits_ms"] + t["sampling_ms"]
-        return {
+        stats = self._session.stats
+        out = {
             "processing_s": processing_s,
             "text": "".join(s.text for s in segments).strip(),
             "out_tokens": sum(len(s.tokens) for s in segments),
@@ -88,7 +104,12 @@ class AuralEngine:
             "native": {k: t[k] for k in ("compute_ms", "kv_io_ms", "kv_io_bytes", "logits_ms", "sampling_ms",
                                          "n_decode_calls", "n_tokens", "graph_builds", "graph_reuses",
                                          "kv_bytes", "wall_s")},
+            "session_stats": {k: stats[k] for k in ("decode_calls", "tokens_decoded", "graph_builds",
+                                                    "graph_reuses", "reorders", "align_calls", "n_seq")},
         }
+        if self.options.word_timestamps:
+            out["words"] = [[w.word, w.start, w.end, w.probability] for s in segments for w in s.words or []]
+        return out
 
 
 # -- faster-whisper --------------------------------------------------------------------------------
@@ -99,6 +120,7 @@ class FasterWhisperEngine:
         import faster_whisper
 
         self.beam = int(spec.get("beam", 1))
+        self.word_timestamps = bool(spec.get("word_timestamps", False))
         self.model = faster_whisper.WhisperModel(
             spec["model"], device="cpu", compute_type=spec.get("compute_type", "int8"),
             cpu_threads=int(spec["threads"]), num_workers=1)
@@ -120,10 +142,11 @@ class FasterWhisperEngine:
         segments, _ = self.model.transcribe(
             samples, language="en", beam_size=self.beam, vad_filter=False, condition_on_previous_text=True,
             temperature=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0], compression_ratio_threshold=2.4,
-            log_prob_threshold=-1.0, no_speech_threshold=0.6, suppress_tokens=[-1], without_timestamps=False)
+            log_prob_threshold=-1.0, no_speech_threshold=0.6, suppress_tokens=[-1], without_timestamps=False,
+            word_timestamps=self.word_timestamps)
         segments = list(segments)
         processing_s = time.perf_counter() - start
-        return {
+        out = {
             "processing_s": processing_s,
             "text": "".join(s.text for s in segments).strip(),
             "out_tokens": sum(len(s.tokens) for s in segments),
@@ -132,6 +155,9 @@ class FasterWhisperEngine:
             "native_token_ms": None,  # CTranslate2 does not expose per-token decoder time
             "native": {},
         }
+        if self.word_timestamps:
+            out["words"] = [[w.word, w.start, w.end, w.probability] for s in segments for w in s.words or []]
+        return out
 
 
 # -- whisper.cpp (pywhispercpp) --------------------------------------------------------------------
