@@ -4,11 +4,14 @@ The audio is pulled from `audio.stream_audio` into a rolling buffer that holds o
 the current `seek` onward (at most one window ahead), and the log-mel of each window is computed when
 that window is decoded, so memory stays flat however long the input is. Window placement, temperature
 fallback, the no-speech skip, segment cutting and prompt conditioning follow openai-whisper
-transcribe.py (`transcribe`) and faster-whisper transcribe.py (`generate_segments`).
+transcribe.py (`transcribe`) and faster-whisper transcribe.py (`generate_segments`). A window of digital
+silence is skipped before it is encoded (see SILENCE_PEAK). With `vad_filter` only the speech regions
+found by `vad_filter.py` are transcribed, and segment times are mapped back to the input's timeline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -20,15 +23,18 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from . import audio
+from .alignment import window_words
 from .decoding import DecodingOptions, DecodingResult, decode_window, detect_language
 from .errors import AudioError
 from .features import HOP_LENGTH, N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from .metrics import Timings, TokenTimer
 from .runtime import WhisperModel
 from .tokenizer import TIME_PRECISION, WhisperTokenizer, normalize_language
+from .vad_filter import SpeechMap, VadFilterOptions, keep_regions, speech_regions
 
 __all__ = [
     "TranscribeOptions",
+    "Word",
     "Segment",
     "TranscriptionInfo",
     "Transcription",
@@ -42,6 +48,10 @@ SAMPLE_RATE = audio.SAMPLE_RATE
 # Mel frames per timestamp step: 3000 frames / 1500 audio positions = 2 (ref: openai-whisper
 # transcribe.py `input_stride`).
 INPUT_STRIDE = 2
+# A window whose loudest sample is below -60 dBFS is digital silence: it is skipped without being
+# encoded, since Whisper tends to "hear" a word such as " you" in it with a confident log-probability
+# that passes the no-speech rule (-60 dB is FFmpeg silencedetect's default noise floor).
+SILENCE_PEAK = 10 ** (-60 / 20)
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,19 @@ class TranscribeOptions:
         suppress_blank: forbid a blank first token.
         suppress_tokens: ids to forbid ("-1": non-speech symbols).
         seed: seed for sampling at temperatures above 0; each window derives its own from it.
+        beam_size: beam width at temperature 0; None: greedy.
+        patience: beam search patience (needs beam_size); None: 1.0.
+        length_penalty: ranking of finished beams, between 0 and 1; None: plain length
+            normalisation.
+        best_of: sequences sampled per attempt above temperature 0, the best one kept; None: 1.
+        hotwords: words likely to be spoken (names, jargon), put in every window's prompt ahead of
+            the previous text (ref: faster-whisper transcribe.py get_prompt).
+        word_timestamps: give each segment its words with start and end times.
+        prepend_punctuations: with word_timestamps, these join the word after them.
+        append_punctuations: with word_timestamps, these join the word before them.
+        vad_filter: transcribe only the speech regions Silero VAD finds (`vad_filter.py`); times
+            still refer to the whole input.
+        vad_options: the regions' rules; None: `VadFilterOptions()`.
     """
 
     language: str | None = None
@@ -84,10 +107,49 @@ class TranscribeOptions:
     suppress_blank: bool = True
     suppress_tokens: str | Sequence[int] | None = "-1"
     seed: int = 0
+    beam_size: int | None = None
+    patience: float | None = None
+    length_penalty: float | None = None
+    best_of: int | None = None
+    hotwords: str | None = None
+    word_timestamps: bool = False
+    # openai-whisper transcribe.py defaults.
+    prepend_punctuations: str = "\"'“¿([{-"
+    append_punctuations: str = "\"'.。,，!！?？:：”)]}、"
+    vad_filter: bool = False
+    vad_options: VadFilterOptions | None = None
 
     def __post_init__(self):
         if not self.temperatures:
             raise ValueError("temperatures must hold at least one temperature")
+        # The checks of openai-whisper (decoding.py DecodingTask._verify_options, transcribe.py cli).
+        for name in ("beam_size", "best_of"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a whole number >= 1 (or None), got {value!r}")
+        if self.patience is not None and not self.patience > 0:
+            raise ValueError(f"patience must be a number > 0 (or None), got {self.patience!r}")
+        if self.patience is not None and self.beam_size is None:
+            raise ValueError("patience needs beam_size")
+        if self.length_penalty is not None and not 0 <= self.length_penalty <= 1:
+            raise ValueError(f"length_penalty must be between 0 and 1 (or None), got {self.length_penalty!r}")
+
+
+@dataclass(frozen=True)
+class Word:
+    """One word of a segment (with `TranscribeOptions.word_timestamps`).
+
+    Attributes:
+        word: the word's text, with its leading space and attached punctuation.
+        start: start time in seconds from the beginning of the input.
+        end: end time in seconds.
+        probability: the mean probability of the word's tokens.
+    """
+
+    word: str
+    start: float
+    end: float
+    probability: float
 
 
 @dataclass(frozen=True)
@@ -104,6 +166,7 @@ class Segment:
         compression_ratio: compression ratio of the window's text.
         no_speech_prob: no-speech probability of the window.
         temperature: temperature the window was decoded at.
+        words: the segment's words with their times, or None without word_timestamps.
     """
 
     id: int
@@ -115,6 +178,7 @@ class Segment:
     compression_ratio: float
     no_speech_prob: float
     temperature: float
+    words: list[Word] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +193,7 @@ class TranscriptionInfo:
         backend: the model's primary ggml backend.
         device: the model's device.
         kv_mode: where the KV cache lives: "device" or "host".
+        duration_after_vad_s: with the VAD filter, the seconds of speech transcribed; else None.
     """
 
     path: str | None
@@ -138,6 +203,7 @@ class TranscriptionInfo:
     backend: str
     device: str
     kv_mode: str
+    duration_after_vad_s: float | None = None
 
 
 class Transcription:
@@ -202,17 +268,18 @@ def _array_chunks(samples: np.ndarray) -> Iterator[np.ndarray]:
         yield samples[start:start + N_SAMPLES]
 
 
-def _open_source(source, raw_rate, raw_format) -> tuple[Iterator[np.ndarray], str | None, float | None]:
-    """(chunk iterator, path or None, duration in seconds or None) of a path or a 16 kHz array."""
+def _open_source(source, raw_rate, raw_format) -> tuple[Callable[[], Iterator[np.ndarray]], str | None,
+                                                         float | None]:
+    """(a function that starts a chunk iterator, path or None, duration in seconds or None) of a path or
+    a 16 kHz array. The VAD filter reads the input twice, hence a function rather than one iterator."""
     if isinstance(source, np.ndarray):
         samples = np.asarray(source, dtype=np.float32)
         if samples.ndim != 1:
             raise AudioError(f"expected mono samples (1-D), got an array of shape {samples.shape}")
-        return _array_chunks(samples), None, samples.size / SAMPLE_RATE
+        return lambda: _array_chunks(samples), None, samples.size / SAMPLE_RATE
     path = str(Path(source))
     info = audio.probe(path, raw_rate=raw_rate, raw_format=raw_format)
-    chunks = audio.stream_audio(path, raw_rate=raw_rate, raw_format=raw_format)
-    return iter(chunks), path, info.duration_s
+    return lambda: iter(audio.stream_audio(path, raw_rate=raw_rate, raw_format=raw_format)), path, info.duration_s
 
 
 def _window_mel(samples: np.ndarray, model: WhisperModel) -> np.ndarray:
@@ -289,6 +356,35 @@ def _is_silence(result: DecodingResult, options: TranscribeOptions) -> bool:
     return options.logprob_threshold is None or result.avg_logprob <= options.logprob_threshold
 
 
+def decoding_options(options: TranscribeOptions, temperature: float, *, language: str | None,
+                     prompt: Sequence[int], seed: int) -> DecodingOptions:
+    """The DecodingOptions of one attempt: beam search options only at temperature 0, best_of only
+    above it (ref: openai-whisper transcribe.py decode_with_fallback)."""
+    greedy = temperature == 0
+    return DecodingOptions(
+        temperature=temperature, language=language, task=options.task, prompt=list(prompt),
+        suppress_blank=options.suppress_blank, suppress_tokens=options.suppress_tokens,
+        without_timestamps=options.without_timestamps, max_initial_timestamp=options.max_initial_timestamp,
+        seed=seed,
+        beam_size=options.beam_size if greedy else None,
+        patience=options.patience if greedy else None,
+        length_penalty=options.length_penalty,
+        best_of=None if greedy else options.best_of,
+    )
+
+
+def window_prompt(hotwords: Sequence[int], previous: Sequence[int], max_tokens: int) -> list[int]:
+    """Hot words, then as much of the previous text as still fits in `max_tokens`.
+
+    faster-whisper (transcribe.py get_prompt) puts the hot words ahead of the previous text and
+    caps each at n_text_ctx // 2 - 1 tokens. `decode_window` keeps only the last n_text_ctx // 2 - 1
+    prompt tokens in all, so here the previous text is shortened instead, to keep the hot words.
+    """
+    hot = list(hotwords[:max_tokens])
+    room = max_tokens - len(hot)
+    return hot + (list(previous)[-room:] if room else [])
+
+
 class _Run:
     """State of one transcription: the session, the rolling audio, the prompt and the timings."""
 
@@ -306,7 +402,9 @@ class _Run:
         self.prompt: deque[int] = deque(maxlen=model.n_text_ctx // 2 - 1)
         if options.initial_prompt:
             self.prompt.extend(model.tokenizer.encode(" " + options.initial_prompt.strip()))
+        self.hotwords = model.tokenizer.encode(" " + options.hotwords.strip()) if options.hotwords else []
         self.encoded_seek: int | None = None
+        self.last_speech_end = 0.0  # seconds; word timing heuristics look back to it
         self.n_segments = 0
         self.stop = stop
 
@@ -323,36 +421,42 @@ class _Run:
             return "en"
         language = normalize_language(options.language)
         if language is None:
-            if self.encode(0) is None:
+            if self.frames(0) is None:
                 raise AudioError("the input has no audio to detect its language from")
+            self.encode(0)
             language = detect_language(self.ctx, model.tokenizer)[0]
         self.tokenizer = model.tokenizer.with_options(language=language, task=options.task)
         return language
 
-    def encode(self, seek: int) -> int | None:
-        """Encodes the window at `seek` (mel frames); returns its frame count, None past the end."""
-        samples = self.rolling.window(seek * HOP_LENGTH, N_SAMPLES)
+    def frames(self, seek: int) -> int | None:
+        """Mel frames of audio in the window at `seek` (at most 3000); None past the end."""
+        self.rolling.window(seek * HOP_LENGTH, N_SAMPLES)
         content_frames = self.rolling.total_samples // HOP_LENGTH if self.rolling.exhausted else None
         if content_frames is not None and seek >= content_frames:
             return None
-        frames = N_FRAMES if content_frames is None else min(N_FRAMES, content_frames - seek)
+        return N_FRAMES if content_frames is None else min(N_FRAMES, content_frames - seek)
+
+    def silent(self, seek: int) -> bool:
+        """Whether the window at `seek` is digital silence (see SILENCE_PEAK)."""
+        samples = self.rolling.window(seek * HOP_LENGTH, N_SAMPLES)
+        return samples.size == 0 or float(np.max(np.abs(samples))) < SILENCE_PEAK
+
+    def encode(self, seek: int) -> None:
+        """Encodes the window at `seek` unless it is the one encoded last."""
         if self.encoded_seek != seek:
+            samples = self.rolling.window(seek * HOP_LENGTH, N_SAMPLES)
             self.ctx.encode(_window_mel(samples, self.model))
             self.timings.add_window(self.ctx.last_encode["encoder_ms"])
             self.encoded_seek = seek
-        return frames
 
     def decode(self, seek: int) -> DecodingResult:
         """Decodes the encoded window, falling back to higher temperatures while it fails."""
         o = self.options
+        prompt = window_prompt(self.hotwords, self.prompt, self.prompt.maxlen)
         for temperature in o.temperatures:
-            decoding = DecodingOptions(
-                temperature=temperature, language=self.tokenizer.language, task=o.task,
-                prompt=list(self.prompt), suppress_blank=o.suppress_blank, suppress_tokens=o.suppress_tokens,
-                without_timestamps=o.without_timestamps, max_initial_timestamp=o.max_initial_timestamp,
-                # Distinct per window and reproducible across runs.
-                seed=o.seed + seek,
-            )
+            # The seed is distinct per window and reproducible across runs.
+            decoding = decoding_options(o, temperature, language=self.tokenizer.language, prompt=prompt,
+                                        seed=o.seed + seek)
             result = decode_window(self.ctx, self.tokenizer, decoding, self.model.n_text_ctx, stop=self.stop)
             self.tokens.merge(result.timer)
             if not _needs_fallback(result, o):
@@ -363,6 +467,10 @@ class _Run:
 
     def window(self, seek: int, segment_size: int) -> tuple[list[Segment], int]:
         """Decodes the window at `seek`; returns its segments and the next seek."""
+        if self.silent(seek):
+            logger.debug("window at frame %s skipped as digital silence", seek)
+            return [], seek + segment_size
+        self.encode(seek)
         result = self.decode(seek)
         if _is_silence(result, self.options):
             logger.debug("window at frame %s skipped as silence (p=%.2f)", seek, result.no_speech_prob)
@@ -372,11 +480,28 @@ class _Run:
             result.tokens, self.tokenizer.timestamp_begin, time_offset=time_offset,
             segment_size=segment_size, segment_duration=segment_size * HOP_LENGTH / SAMPLE_RATE)
         segments = [self._segment(start, end, tokens, result) for start, end, tokens in pieces]
-        segments = [s for s in segments if s is not None]
+        segments = self._add_words([s for s in segments if s is not None], result, seek, segment_size)
         if (not self.options.condition_on_previous_text
                 or result.temperature > self.options.prompt_reset_on_temperature):
             self.prompt.clear()
         return segments, seek + advance
+
+    def _add_words(self, segments: list[Segment], result: DecodingResult, seek: int,
+                   segment_size: int) -> list[Segment]:
+        """Gives a window's segments their words (`TranscribeOptions.word_timestamps`): one alignment
+        pass over the window's text, segment spans adjusted to their words (engine/alignment.py)."""
+        if not self.options.word_timestamps or not segments:
+            return segments
+        o = self.options
+        aligned, self.last_speech_end = window_words(
+            self.ctx, self.tokenizer, [(s.start, s.end, s.tokens) for s in segments],
+            time_offset=seek * HOP_LENGTH / SAMPLE_RATE, n_frames=segment_size, heads=self.model.alignment_heads,
+            prepended=o.prepend_punctuations, appended=o.append_punctuations, last_speech_end=self.last_speech_end)
+        return [
+            dataclasses.replace(s, start=a.start, end=a.end,
+                                words=[Word(w.word, w.start, w.end, w.probability) for w in a.words])
+            for s, a in zip(segments, aligned)
+        ]
 
     def _segment(self, start: float, end: float, tokens: list[int], result: DecodingResult) -> Segment | None:
         # Instantaneous or empty segments are dropped, and do not join the prompt (ref:
@@ -392,21 +517,43 @@ class _Run:
         return segment
 
 
+def _word_to_original(word: Word, speech_map: SpeechMap) -> Word:
+    region = speech_map.region((word.start + word.end) / 2)
+    return dataclasses.replace(word, start=speech_map.to_original(word.start, region=region),
+                               end=speech_map.to_original(word.end, region=region))
+
+
+def _to_original(segment: Segment, speech_map: SpeechMap) -> Segment:
+    """The segment with its (and its words') times moved from the VAD-kept audio to the input's timeline;
+    with words, the segment spans its words (ref: faster-whisper transcribe.py restore_speech_timestamps)."""
+    if segment.words:
+        words = [_word_to_original(w, speech_map) for w in segment.words]
+        return dataclasses.replace(segment, start=words[0].start, end=words[-1].end, words=words)
+    return dataclasses.replace(segment, start=speech_map.to_original(segment.start),
+                               end=speech_map.to_original(segment.end, is_end=True))
+
+
 def _segments(run: _Run, started: float, total_s: float | None,
-              progress: Callable[[float, float], None] | None) -> Iterator[Segment]:
+              progress: Callable[[float, float], None] | None,
+              speech_map: SpeechMap | None = None) -> Iterator[Segment]:
     seek = 0
     try:
-        while not run.stopped() and (segment_size := run.encode(seek)) is not None:
+        while not run.stopped() and (segment_size := run.frames(seek)) is not None:
             segments, seek = run.window(seek, segment_size)
             if run.stopped():  # the window was cut short: its text is incomplete, keep none of it
                 break
+            if speech_map is not None:
+                segments = [_to_original(s, speech_map) for s in segments]
             yield from segments
             if progress is not None:
                 done_s = seek * HOP_LENGTH / SAMPLE_RATE
+                if speech_map is not None:
+                    done_s = speech_map.to_original(done_s, is_end=True)
                 total = total_s if total_s is not None else done_s
                 progress(min(done_s, total), total)
     finally:
-        audio_s = run.rolling.total_samples / SAMPLE_RATE
+        # With the VAD filter the real-time factor is still over the whole input.
+        audio_s = (run.rolling.total_samples if speech_map is None else speech_map.total_samples) / SAMPLE_RATE
         run.timings.finish(audio_s=audio_s, wall_s=time.perf_counter() - started, tokens=run.tokens,
                            stats=run.ctx.stats)
         logger.info("transcribed %.1f s in %.1f s (RTF %.3f, %s windows)", audio_s, run.timings.wall_s,
@@ -424,14 +571,25 @@ def transcribe(model: WhisperModel, source: str | Path | np.ndarray, options: Tr
     `Transcription` whose segments are decoded as they are iterated. `progress(done_s, total_s)` is
     called after each window. Setting `stop` ends the iteration within one decoder step (the
     window being decoded is dropped); segments already yielded stay valid.
+
+    With `options.vad_filter` the input is first scanned once for speech (before this returns), then
+    read again and only its speech regions are transcribed.
     """
     options = options or TranscribeOptions()
     started = time.perf_counter()
-    chunks, path, duration_s = _open_source(source, raw_rate, raw_format)
-    ctx = model.new_session(kv_mode=kv_mode, graph_reuse=graph_reuse)
+    open_chunks, path, duration_s = _open_source(source, raw_rate, raw_format)
+    chunks, speech_map = open_chunks(), None
+    if options.vad_filter:
+        regions, total = speech_regions(chunks, options.vad_options, stop=stop)
+        speech_map = SpeechMap(regions, total)
+        chunks = keep_regions(open_chunks(), regions)
+    # Beams and best-of samples are sequences side by side in one KV arena.
+    n_seq = max(options.beam_size or 1, options.best_of or 1)
+    ctx = model.new_session(kv_mode=kv_mode, graph_reuse=graph_reuse, n_seq=n_seq)
     timings = Timings(load_s=model.load_s, backend=model.backend, device=model.device, kv_mode=kv_mode)
     run = _Run(model, options, ctx, _RollingAudio(chunks), timings, stop)
     language = run.resolve_language()
     info = TranscriptionInfo(path=path, language=language, duration_s=duration_s, model=model.name,
-                             backend=model.backend, device=model.device, kv_mode=kv_mode)
-    return Transcription(info, _segments(run, started, duration_s, progress), timings)
+                             backend=model.backend, device=model.device, kv_mode=kv_mode,
+                             duration_after_vad_s=None if speech_map is None else speech_map.kept_samples / SAMPLE_RATE)
+    return Transcription(info, _segments(run, started, duration_s, progress, speech_map), timings)

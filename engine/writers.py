@@ -18,6 +18,8 @@ from functools import partial
 from typing import Any, NamedTuple, TextIO
 
 __all__ = [
+    "DEFAULT_MAX_CUE_S",
+    "DEFAULT_MAX_LINE_LEN",
     "Cue",
     "WRITERS",
     "format_timestamp",
@@ -35,6 +37,10 @@ logger = logging.getLogger(__name__)
 # Subtitle style guides (Netflix Timed Text Style Guide, BBC Subtitle Guidelines) allow at most two
 # lines on screen per cue.
 MAX_LINES_PER_CUE = 2
+# Subtitle defaults of the Netflix Timed Text Style Guide (English): at most 42 characters per line and
+# 7 seconds per cue. A 0 or None option turns the limit off.
+DEFAULT_MAX_LINE_LEN = 42
+DEFAULT_MAX_CUE_S = 7.0
 
 # default=str: model paths and similar values arrive as Path objects.
 _dumps = partial(json.dumps, ensure_ascii=False, default=str)
@@ -134,7 +140,11 @@ def write_txt(segments: Iterable[Any], fh: TextIO) -> None:
 
 
 def write_srt(
-    segments: Iterable[Any], fh: TextIO, *, max_line_len: int | None = None, max_cue_s: float | None = None
+    segments: Iterable[Any],
+    fh: TextIO,
+    *,
+    max_line_len: int | None = DEFAULT_MAX_LINE_LEN,
+    max_cue_s: float | None = DEFAULT_MAX_CUE_S,
 ) -> None:
     """SubRip: numbered cues, `HH:MM:SS,mmm` times."""
     count = 0
@@ -151,7 +161,11 @@ def _vtt_escape(text: str) -> str:
 
 
 def write_vtt(
-    segments: Iterable[Any], fh: TextIO, *, max_line_len: int | None = None, max_cue_s: float | None = None
+    segments: Iterable[Any],
+    fh: TextIO,
+    *,
+    max_line_len: int | None = DEFAULT_MAX_LINE_LEN,
+    max_cue_s: float | None = DEFAULT_MAX_CUE_S,
 ) -> None:
     """WebVTT: the `WEBVTT` header, then cues with `HH:MM:SS.mmm` times."""
     fh.write("WEBVTT\n\n")
@@ -180,6 +194,14 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     return obj._asdict()
 
 
+def _word_record(word: Any) -> dict[str, Any]:
+    record = _as_dict(word)
+    for key in ("start", "end"):  # millisecond resolution, as for segments
+        if key in record:
+            record[key] = round(float(record[key]), 3)
+    return record
+
+
 def _segment_record(index: int, segment: Any) -> dict[str, Any]:
     record = {
         "id": getattr(segment, "id", index),
@@ -191,7 +213,7 @@ def _segment_record(index: int, segment: Any) -> dict[str, Any]:
     }
     words = getattr(segment, "words", None)
     if words:
-        record["words"] = [_as_dict(word) for word in words]
+        record["words"] = [_word_record(word) for word in words]
     return record
 
 
@@ -238,8 +260,8 @@ def write_result(
     timings: Any,
     fh: TextIO,
     *,
-    max_line_len: int | None = None,
-    max_cue_s: float | None = None,
+    max_line_len: int | None = DEFAULT_MAX_LINE_LEN,
+    max_cue_s: float | None = DEFAULT_MAX_CUE_S,
 ) -> None:
     """Write `segments` in format `fmt`, giving each writer only the options it uses."""
     try:

