@@ -261,17 +261,20 @@ def test_beam_options_only_at_temperature_zero_and_best_of_only_above():
     sampled = decoding_options(options, 0.4, language="en", prompt=[], seed=7)
     assert (sampled.beam_size, sampled.patience, sampled.length_penalty, sampled.best_of) == (None, None, 0.6, 3)
     plain = decoding_options(TranscribeOptions(), 0.0, language=None, prompt=[], seed=0)
-    assert (plain.beam_size, plain.patience, plain.length_penalty, plain.best_of) == (None, None, None, None)
+    assert (plain.beam_size, plain.patience, plain.length_penalty, plain.best_of) == (5, None, None, None)
+    greedy = decoding_options(TranscribeOptions(beam_size=1), 0.0, language=None, prompt=[], seed=0)
+    assert greedy.beam_size == 1
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"beam_size": 0}, "beam_size must be a whole number >= 1"),
-        ({"best_of": -2}, "best_of must be a whole number >= 1"),
-        ({"beam_size": 2.5}, "beam_size must be a whole number >= 1"),
+        ({"beam_size": 0}, "beam_size must be a whole number from 1 to 8"),
+        ({"best_of": -2}, "best_of must be a whole number from 1 to 8"),
+        ({"beam_size": 2.5}, "beam_size must be a whole number from 1 to 8"),
         ({"beam_size": 2, "patience": 0.0}, "patience must be a number > 0"),
-        ({"patience": 1.0}, "patience needs beam_size"),
+        ({"patience": 1.0, "beam_size": None}, "patience needs beam_size"),
+        ({"beam_size": 9}, "beam_size must be a whole number from 1 to 8"),
         ({"length_penalty": 1.5}, "length_penalty must be between 0 and 1"),
     ],
 )
