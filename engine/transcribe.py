@@ -417,6 +417,8 @@ class _Run:
         """The language to decode: as given, "en" for English-only models, else detected on the first
         window. Sets the tokenizer's start sequence to match."""
         model, options = self.model, self.options
+        if not model.multilingual and options.task == "translate":
+            raise ValueError(f"{model.name} is English-only and cannot translate; choose a multilingual model")
         if not model.multilingual:
             if options.language is not None and normalize_language(options.language) != "en":
                 logger.warning("%s is English-only; ignoring language %r", model.name, options.language)
