@@ -11,18 +11,26 @@ its latencies are
   committed without being shown first, e.g. at the end of the stream);
 - commit: wall time of the Commit containing it, minus the same.
 
-`--long-minutes N` also streams the dev clips concatenated to N minutes at speed 0 (throughput and
-memory: RSS after model load and at the end, RTF, WER). Runs under the project venv (.venv), since it
-imports Aural. Writes bench/results/latency.json and latency.md.
+`--audio-ctx` and `--step` take comma-separated values; every combination is a configuration, and
+the configurations are interleaved clip by clip (each clip runs them all, starting with a different one
+each time), so that a shared machine's changing load falls on all of them alike. The 1-minute load
+average is recorded before every run. The offline transcription is made once per clip.
 
-Usage: .venv/bin/python bench/latency.py [--speed 1.0] [--clips a.wav,b.flac] [--long-minutes 10]
+`--long-minutes N` also streams the dev clips concatenated to N minutes at speed 0 with the first
+configuration (throughput and memory: RSS after model load and at the end, RTF, WER). Runs under the
+project venv (.venv), since it imports Aural. Writes bench/results/latency.json and latency.md.
+
+Usage: .venv/bin/python bench/latency.py [--speed 1.0] [--audio-ctx auto,full] [--step 1.0,0.5]
+       [--threads 1] [--clips a.wav,b.flac] [--long-minutes 10]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -69,7 +77,12 @@ class ClipResult:
         first_partial_s: wall seconds from the first speech read to the first partial.
         n_steps: decode steps.
         dropped_blocks: audio blocks the replay ring dropped.
-        encoder_ms: mean encoder time per step.
+        encoder_ms: mean encoder time per decode step.
+        step_ms: mean wall time per decode step (mel, encoder, decoder, agreement).
+        tokens_per_step: mean decoder calls per decode step.
+        decode_ms_per_token: mean decoder wall time per call (compute, KV/IO, logits, sampling).
+        loadavg_1m: the machine's 1-minute load average when the run started.
+        text_stream: the concatenated commits, to read what the errors were.
     """
 
     name: str
@@ -86,6 +99,28 @@ class ClipResult:
     n_steps: int = 0
     dropped_blocks: int = 0
     encoder_ms: float = 0.0
+    step_ms: float = 0.0
+    tokens_per_step: float = 0.0
+    decode_ms_per_token: float = 0.0
+    loadavg_1m: float = 0.0
+    text_stream: str = ""
+
+
+@dataclass(frozen=True)
+class Config:
+    """One streaming configuration under test: its name in the report and its options."""
+
+    name: str
+    options: StreamOptions
+
+
+@dataclass(frozen=True)
+class Offline:
+    """The offline transcription of a clip: words, each word's estimated end, the text."""
+
+    words: list[str]
+    ends: list[float]
+    text: str
 
 
 def _key(word: str) -> str:
@@ -97,8 +132,8 @@ def audio_path(clip) -> Path:
     return clip.path.with_suffix(".16k.wav") if clip.raw_pcm else clip.path
 
 
-def offline_words(model: WhisperModel, path: Path) -> tuple[list[str], list[float], str]:
-    """(words, estimated end time of each word, full text) of the offline transcription."""
+def offline_words(model: WhisperModel, path: Path) -> Offline:
+    """The offline transcription's words with the estimated end time of each."""
     texts, ends = [], []
     for segment in transcribe(model, path):
         seg_words = segment.text.split()
@@ -108,7 +143,7 @@ def offline_words(model: WhisperModel, path: Path) -> tuple[list[str], list[floa
             done += len(w)
             texts.append(w)
             ends.append(segment.start + (segment.end - segment.start) * done / total)
-    return texts, ends, " ".join(texts)
+    return Offline(texts, ends, " ".join(texts))
 
 
 def stream_clip(model: WhisperModel, path: Path, speed: float, options: StreamOptions) -> tuple[list, float]:
@@ -136,20 +171,20 @@ def word_times(timed: list) -> tuple[list[str], list[float], list[float]]:
     return committed, first, commit_at
 
 
-def measure_clip(model: WhisperModel, clip, speed: float, options: StreamOptions) -> ClipResult:
-    words, ends, text = offline_words(model, audio_path(clip))
+def measure_clip(model: WhisperModel, clip, offline: Offline, speed: float, options: StreamOptions) -> ClipResult:
+    result = ClipResult(clip.name, clip.duration_s, len(offline.words), loadavg_1m=os.getloadavg()[0])
     timed, clock_start = stream_clip(model, audio_path(clip), speed, options)
     streamed, first, committed_at = word_times(timed)
-    result = ClipResult(clip.name, clip.duration_s, len(words))
-    blocks = SequenceMatcher(None, [_key(w) for w in words], [_key(w) for w in streamed], autojunk=False)
+    blocks = SequenceMatcher(None, [_key(w) for w in offline.words], [_key(w) for w in streamed], autojunk=False)
     for block in blocks.get_matching_blocks():
         for i, j in zip(range(block.a, block.a + block.size), range(block.b, block.b + block.size)):
-            spoken = clock_start + ends[i] / speed
+            spoken = clock_start + offline.ends[i] / speed
             result.partial_s.append(first[j] - spoken)
             result.commit_s.append(committed_at[j] - spoken)
     result.matched = len(result.commit_s)
-    result.errors_offline, result.reference_words = word_errors(clip.reference, text)
-    result.errors_stream, _ = word_errors(clip.reference, " ".join(streamed))
+    result.errors_offline, result.reference_words = word_errors(clip.reference, offline.text)
+    result.text_stream = " ".join(streamed)
+    result.errors_stream, _ = word_errors(clip.reference, result.text_stream)
     _add_costs(result, [e for _, e in timed if isinstance(e, Metrics)])
     return result
 
@@ -165,14 +200,46 @@ def _add_costs(result: ClipResult, metrics: list[Metrics]) -> None:
     result.first_partial_s = last.first_partial_s
     result.n_steps = last.n_steps
     result.dropped_blocks = last.dropped_blocks
-    decoded = [m.encoder_ms for m in metrics if m.n_tokens]
-    result.encoder_ms = float(np.mean(decoded)) if decoded else 0.0
+    decoded = [m for m in metrics if m.n_tokens]
+    if decoded:
+        result.encoder_ms = float(np.mean([m.encoder_ms for m in decoded]))
+        result.step_ms = float(np.mean([m.step_ms for m in decoded]))
+        result.tokens_per_step = float(np.mean([m.n_tokens for m in decoded]))
+        result.decode_ms_per_token = float(np.mean([m.decode_ms_per_token for m in decoded]))
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p90": None}
     return {"p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90))}
+
+
+# -- the encoder alone -----------------------------------------------------------------------------
+
+ENCODER_FRAMES = (200, 400, 800, 1500, 3000)  # mel frames: 2, 4, 8, 15 and 30 s of audio context
+
+
+def encoder_costs(model: WhisperModel, repeats: int = 5) -> dict:
+    """Median native encoder ms per context length, and the cost of rebuilding the encoder graph.
+
+    The rebuild cost is measured on 20-22 frames, where the compute is small: alternating two lengths
+    rebuilds the graph on every call, repeating one reuses it; the difference of medians is the rebuild.
+    """
+    ctx = model.new_session()
+    mel = np.random.default_rng(0).normal(size=(model.n_mels, 3000)).astype(np.float32)
+
+    def encode_ms(frames: int) -> float:
+        ctx.encode(np.ascontiguousarray(mel[:, :frames]))
+        return float(ctx.last_encode["encoder_ms"])
+
+    by_frames = {}
+    for frames in ENCODER_FRAMES:
+        encode_ms(frames)  # builds this length's graph
+        by_frames[frames] = float(np.median([encode_ms(frames) for _ in range(repeats)]))
+    reused = [encode_ms(20) for _ in range(2 * repeats)]
+    rebuilt = [encode_ms(20 + 2 * (i % 2)) for i in range(2 * repeats)]
+    return {"encoder_ms": by_frames, "rebuild_ms": float(np.median(rebuilt) - np.median(reused)),
+            "loadavg_1m": os.getloadavg()[0]}
 
 
 # -- the long run ----------------------------------------------------------------------------------
@@ -224,52 +291,90 @@ def measure_long(model: WhisperModel, clips, minutes: float, options: StreamOpti
 
 # -- report ----------------------------------------------------------------------------------------
 
+_CLIP_HEADER = ("clip", "audio s", "words matched", "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s",
+                "RTF", "first partial s", "encoder ms", "step ms", "tokens/step", "dropped", "load 1m",
+                "WER offline %", "WER stream %")
+_SUMMARY_HEADER = ("config", "audio ctx", "step s", "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s",
+                   "first partial s", "RTF", "encoder ms/step", "step ms", "tokens/step", "decode ms/token",
+                   "dropped", "load 1m", "WER offline %", "WER stream %")
+
+
+def _clip_row(r: dict) -> tuple:
+    partial, commit = percentiles(r["partial_s"]), percentiles(r["commit_s"])
+    return (r["name"], fmt(r["duration_s"], 1), f"{r['matched']}/{r['words']}", fmt(partial["p50"]),
+            fmt(partial["p90"]), fmt(commit["p50"]), fmt(commit["p90"]), fmt(r["rtf_mean"]), fmt(r["first_partial_s"]),
+            fmt(r["encoder_ms"], 0), fmt(r["step_ms"], 0), fmt(r["tokens_per_step"], 1), r["dropped_blocks"],
+            fmt(r["loadavg_1m"], 1), fmt(_percent(r["errors_offline"], r["reference_words"]), 1),
+            fmt(_percent(r["errors_stream"], r["reference_words"]), 1))
+
+
+def _summary_row(config: dict) -> tuple:
+    s = config["summary"]
+    return (config["name"], config["options"]["audio_ctx"], config["options"]["step_s"], fmt(s["partial"]["p50"]),
+            fmt(s["partial"]["p90"]), fmt(s["commit"]["p50"]), fmt(s["commit"]["p90"]),
+            fmt(s["first_partial_median_s"]), fmt(s["rtf_mean"]), fmt(s["encoder_ms"], 0), fmt(s["step_ms"], 0),
+            fmt(s["tokens_per_step"], 1), fmt(s["decode_ms_per_token"], 1), s["dropped_blocks"],
+            fmt(s["loadavg_1m"], 1), fmt(s["wer_offline"] * 100, 1), fmt(s["wer_stream"] * 100, 1))
+
 
 def markdown(report: dict) -> str:
-    rows = [(r["name"], fmt(r["duration_s"], 1), f"{r['matched']}/{r['words']}",
-             fmt(percentiles(r["partial_s"])["p50"]), fmt(percentiles(r["partial_s"])["p90"]),
-             fmt(percentiles(r["commit_s"])["p50"]), fmt(percentiles(r["commit_s"])["p90"]),
-             fmt(r["rtf_mean"]), fmt(r["first_partial_s"]), fmt(r["encoder_ms"], 0), r["dropped_blocks"],
-             fmt(_percent(r["errors_offline"], r["reference_words"]), 1),
-             fmt(_percent(r["errors_stream"], r["reference_words"]), 1))
-            for r in report["clips"]]
-    s = report["summary"]
-    rows.append(("**all**", fmt(s["audio_s"], 1), f"{s['matched']}/{s['words']}", fmt(s["partial"]["p50"]),
-                 fmt(s["partial"]["p90"]), fmt(s["commit"]["p50"]), fmt(s["commit"]["p90"]), fmt(s["rtf_mean"]),
-                 fmt(s["first_partial_median_s"]), fmt(s["encoder_ms"], 0), s["dropped_blocks"],
-                 fmt(s["wer_offline"] * 100, 1), fmt(s["wer_stream"] * 100, 1)))
-    header = ("clip", "audio s", "words matched", "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s",
-              "RTF", "first partial s", "encoder ms", "dropped", "WER offline %", "WER stream %")
     parts = [f"# Live captioning latency ({report['model']}, {report['device']}, {report['threads'] or 'auto'} "
-             f"threads, speed {report['speed']}, step {report['step_s']} s)", "",
-             f"Word end times: {TIMING_SOURCE}.", "",
-             md_table(header, rows), "", f"Machine: {report['machine']}"]
+             f"threads, speed {report['speed']})", "",
+             f"Word end times: {TIMING_SOURCE}. Latencies are over every matched word of every clip; encoder, "
+             "step and token figures are means over decode steps (clip means, weighted by audio); load 1m is the "
+             "mean 1-minute load average at the start of the runs. Configurations ran interleaved, clip by clip.",
+             "", md_table(_SUMMARY_HEADER, [_summary_row(c) for c in report["configs"]]), "",
+             f"Machine: {report['machine']}"]
+    for config in report["configs"]:
+        rows = [_clip_row(r) for r in config["clips"]]
+        parts += ["", f"## {config['name']}", "", md_table(_CLIP_HEADER, rows)]
+    for earlier in report.get("earlier_runs", []):
+        parts += ["", f"## Earlier run ({earlier['threads'] or 'auto'} threads, speed {earlier['speed']}, "
+                  f"{len(earlier['configs'][0]['clips'])} clips)", "",
+                  md_table(_SUMMARY_HEADER, [_summary_row(c) for c in earlier["configs"]]), "",
+                  f"Machine: {earlier['machine']}"]
+    if report.get("encoder"):
+        enc = report["encoder"]
+        parts += ["", "## Encoder cost by audio context", "",
+                  f"Median native encoder ms over repeated runs (load 1m {enc['loadavg_1m']:.1f}); rebuilding the "
+                  f"encoder graph for a new length costs {enc['rebuild_ms']:.1f} ms.", "",
+                  md_table(("mel frames", "context s", "encoder ms"),
+                           [(f, fmt(int(f) / 100, 0), fmt(ms, 0)) for f, ms in enc["encoder_ms"].items()])]
     if report.get("long"):
         lr = report["long"]
-        parts += ["", f"## {lr['minutes']:g} minutes of dev clips at speed 0", "", md_table(
-            ("audio s", "wall s", "RTF", "steps", "RSS start MiB", "RSS end MiB", "peak RSS MiB", "max window s",
-             "WER offline %", "WER stream %", "dropped"),
-            [(fmt(lr["audio_s"], 0), fmt(lr["wall_s"], 0), fmt(lr["rtf"]), lr["n_steps"], fmt(lr["rss_start_mb"], 0),
-              fmt(lr["rss_end_mb"], 0), fmt(lr["peak_rss_mb"], 0), fmt(lr["max_window_s"], 1),
-              fmt(lr["wer_offline"] * 100, 1), fmt(lr["wer_stream"] * 100, 1), lr["dropped_blocks"])])]
+        parts += ["", f"## {lr['minutes']:g} minutes of dev clips at speed 0 ({report['configs'][0]['name']})", "",
+                  md_table(("audio s", "wall s", "RTF", "steps", "RSS start MiB", "RSS end MiB", "peak RSS MiB",
+                            "max window s", "WER offline %", "WER stream %", "dropped"),
+                           [(fmt(lr["audio_s"], 0), fmt(lr["wall_s"], 0), fmt(lr["rtf"]), lr["n_steps"],
+                             fmt(lr["rss_start_mb"], 0), fmt(lr["rss_end_mb"], 0), fmt(lr["peak_rss_mb"], 0),
+                             fmt(lr["max_window_s"], 1), fmt(lr["wer_offline"] * 100, 1),
+                             fmt(lr["wer_stream"] * 100, 1), lr["dropped_blocks"])])]
     return "\n".join(parts) + "\n"
+
+
+def _weighted(results: list[ClipResult], attr: str) -> float:
+    """Mean of a per-clip figure weighted by audio length, over the clips that have it."""
+    having = [r for r in results if getattr(r, attr)]
+    return sum(getattr(r, attr) * r.duration_s for r in having) / max(1e-9, sum(r.duration_s for r in having))
 
 
 def summarize(results: list[ClipResult]) -> dict:
     partial = [v for r in results for v in r.partial_s]
     commit = [v for r in results for v in r.commit_s]
-    audio = sum(r.duration_s for r in results)
-    words = sum(r.words for r in results)
+    reference_words = sum(r.reference_words for r in results)
     return {
-        "audio_s": audio, "words": words, "matched": sum(r.matched for r in results),
-        "partial": percentiles(partial), "commit": percentiles(commit),
-        "rtf_mean": sum(r.rtf_mean * r.duration_s for r in results) / audio,
+        "audio_s": sum(r.duration_s for r in results), "words": sum(r.words for r in results),
+        "matched": sum(r.matched for r in results), "partial": percentiles(partial), "commit": percentiles(commit),
+        "rtf_mean": _weighted(results, "rtf_mean"),
         "first_partial_median_s": float(np.median([r.first_partial_s for r in results if r.first_partial_s])),
-        "encoder_ms": float(np.mean([r.encoder_ms for r in results if r.encoder_ms])),
+        "encoder_ms": _weighted(results, "encoder_ms"), "step_ms": _weighted(results, "step_ms"),
+        "tokens_per_step": _weighted(results, "tokens_per_step"),
+        "decode_ms_per_token": _weighted(results, "decode_ms_per_token"),
+        "loadavg_1m": float(np.mean([r.loadavg_1m for r in results])),
         "dropped_blocks": sum(r.dropped_blocks for r in results),
         # Errors over reference words, across all clips.
-        "wer_offline": sum(r.errors_offline for r in results) / sum(r.reference_words for r in results),
-        "wer_stream": sum(r.errors_stream for r in results) / sum(r.reference_words for r in results),
+        "wer_offline": sum(r.errors_offline for r in results) / reference_words,
+        "wer_stream": sum(r.errors_stream for r in results) / reference_words,
     }
 
 
@@ -277,42 +382,73 @@ def _percent(errors: int, words: int) -> float | None:
     return 100 * errors / words if words else None
 
 
+def configs_of(audio_ctx: str, steps: str) -> list[Config]:
+    """Every (audio context, step) combination, named like "auto/0.5"."""
+    return [Config(f"{ctx}/{float(step)!r}", StreamOptions(audio_ctx=ctx, step_s=float(step)))
+            for ctx, step in itertools.product(audio_ctx.split(","), steps.split(","))]
+
+
+def run_interleaved(model: WhisperModel, clips, configs: list[Config], speed: float) -> dict[str, list[ClipResult]]:
+    """Each clip under every configuration, the starting configuration rotating from clip to clip."""
+    results: dict[str, list[ClipResult]] = {c.name: [] for c in configs}
+    for k, clip in enumerate(clips):
+        offline = offline_words(model, audio_path(clip))
+        for config in configs[k % len(configs):] + configs[:k % len(configs)]:
+            r = measure_clip(model, clip, offline, speed, config.options)
+            results[config.name].append(r)
+            logger.info("%s %s: partial p50 %s s, commit p50 %s s, RTF %.2f, encoder %.0f ms, errors offline %d "
+                        "stream %d of %d words, load %.1f", config.name, clip.name,
+                        fmt(percentiles(r.partial_s)["p50"]), fmt(percentiles(r.commit_s)["p50"]), r.rtf_mean,
+                        r.encoder_ms, r.errors_offline, r.errors_stream, r.reference_words, r.loadavg_1m)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--speed", type=float, default=1.0, help="replay pace (1.0 real time; 0 as fast as decoded)")
-    p.add_argument("--step", type=float, default=1.0, help="StreamOptions.step_s")
+    p.add_argument("--step", default="1.0", help="StreamOptions.step_s, comma-separated values to compare")
+    p.add_argument("--audio-ctx", default="auto", help="StreamOptions.audio_ctx, comma-separated: auto,full")
     p.add_argument("--clips", help="comma-separated clip names (default: the 18 English dev clips)")
     p.add_argument("--model", help="model name or .gguf path (default: the bundled tiny.en)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of the model (default 0: automatic)")
     p.add_argument("--long-minutes", type=float, default=0.0, help="also stream N minutes of clips at speed 0")
     p.add_argument("--out", type=Path, default=RESULTS / "latency", help="output stem (.json and .md)")
+    p.add_argument("--keep-previous", action="store_true",
+                   help="keep the run already in --out's JSON (its summary is shown after this run's)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.speed <= 0:
         p.error("--speed must be positive: latency needs a clock")
+    try:
+        configs = configs_of(args.audio_ctx, args.step)
+    except ValueError as exc:
+        p.error(str(exc))
     clips = english_dev_clips()
     if args.clips:
         clips = [c for c in clips if c.name in args.clips.split(",")]
     model = WhisperModel(resolve_model(args.model), n_threads=args.threads)
-    options = StreamOptions(step_s=args.step)
-    results = []
-    for clip in clips:
-        results.append(measure_clip(model, clip, args.speed, options))
-        r = results[-1]
-        logger.info("%s: partial p50 %s s, commit p50 %s s, RTF %.2f, errors offline %d stream %d of %d words",
-                    clip.name, fmt(percentiles(r.partial_s)["p50"]), fmt(percentiles(r.commit_s)["p50"]), r.rtf_mean,
-                    r.errors_offline, r.errors_stream, r.reference_words)
+    machine = machine_info()
+    encoder = encoder_costs(model)
+    results = run_interleaved(model, clips, configs, args.speed)
     report = {"model": model.name, "device": model.device, "backend": model.backend, "threads": args.threads,
-              "speed": args.speed,
-              "step_s": args.step, "timing_source": TIMING_SOURCE, "machine": machine_info(),
-              "clips": [asdict(r) for r in results], "summary": summarize(results)}
+              "speed": args.speed, "timing_source": TIMING_SOURCE, "machine": machine, "encoder": encoder,
+              "configs": [{"name": c.name, "options": _options_dict(c.options), "summary": summarize(results[c.name]),
+                           "clips": [asdict(r) for r in results[c.name]]} for c in configs]}
+    if args.keep_previous and args.out.with_suffix(".json").exists():
+        previous = json.loads(args.out.with_suffix(".json").read_text())
+        report["earlier_runs"] = [{k: v for k, v in previous.items() if k != "earlier_runs"},
+                                  *previous.get("earlier_runs", [])]
     write(report, args.out)
     if args.long_minutes:
-        report["long"] = measure_long(model, english_dev_clips(), args.long_minutes, options)
+        report["long"] = measure_long(model, english_dev_clips(), args.long_minutes, configs[0].options)
         logger.info("long run: %s", report["long"])
         write(report, args.out)
     print(markdown(report))
     return 0
+
+
+def _options_dict(options: StreamOptions) -> dict:
+    return {k: v for k, v in asdict(options).items() if k != "vad"}
 
 
 def write(report: dict, out: Path) -> None:

@@ -10,8 +10,14 @@ segment). The whole tentative tail is committed on a pause of `min_silence_commi
 stream ends. A Silero VAD gate keeps silence and noise away from the decoder.
 
 One native `Context` serves the whole stream: its KV arena, cross K/V and decoder graphs are reused by
-every step. The encoder takes exactly 3000 mel frames, so every window is zero-padded to 30 s and the
-encoder costs the same at every step; the decode grows with the window's text.
+every step. With `audio_ctx="auto"` the encoder sees only the window plus a few seconds of zero
+padding, rounded up to a bucket, instead of the 30 s Whisper was trained on (ref: whisper.cpp's `audio_ctx`):
+the encoder is the dominant per-step cost and shrinks with the window (tiny.en, one CPU thread, idle
+2-core VM: ~1.8 s for 3000 mel frames, ~0.5 s for 1000, ~0.1 s for 200; the encoder table of
+bench/results/latency.md, taken under load, keeps those proportions). Too little padding after the
+speech makes Whisper loop on short windows (see `audio_ctx_pad_s`); a hypothesis segment that starts
+where the audio ends is dropped, and every word still needs two hypotheses to agree before it is
+committed. The decode grows with the window's text.
 
 Word times are estimates: each Whisper segment's time span is spread over its words by character count.
 """
@@ -19,6 +25,7 @@ Word times are estimates: each Whisper segment's time span is spread over its wo
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -30,7 +37,7 @@ import numpy as np
 
 from .decoding import DecodingOptions, DecodingResult, decode_window
 from .errors import AuralError
-from .features import N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from .features import HOP_LENGTH, N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from .metrics import TokenTimer, peak_rss_mb
 from .runtime import WhisperModel
 from .tokenizer import TIME_PRECISION, WhisperTokenizer
@@ -41,6 +48,13 @@ __all__ = ["Partial", "Commit", "Metrics", "Error", "Event", "StreamOptions", "e
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
+AUDIO_CTX_MODES = ("auto", "full")
+# Most tokens one step may sample: 10 per second of window plus 16. Fast English speech is about 4-5
+# words/s, ~1.3 BPE tokens per word, plus a timestamp pair per segment; a repetition loop would
+# otherwise run to openai-whisper's 224-token sample_len (~4 s of decoding on one CPU thread) before
+# its compression ratio rejects it.
+_TOKENS_PER_S = 10.0
+_TOKENS_SLACK = 16
 
 
 # -- events ----------------------------------------------------------------------------------------
@@ -180,6 +194,15 @@ class StreamOptions:
             loop and is discarded (ref: openai-whisper, 2.4).
         rtf_steps: steps the running RTF averages over.
         vad: the speech gate's hysteresis.
+        audio_ctx: "auto" encodes only the mel frames the window needs (its length plus
+            `audio_ctx_pad_s`, rounded up to `audio_ctx_bucket_s`); "full" pads every window to 30 s.
+        audio_ctx_pad_s: zero padding after the window's audio in "auto" mode, so the last word is
+            followed by silence as in Whisper's training windows. Streamed at speed 0, the 12 English
+            dev clips of at most 6 s gave 15.2% WER with 2 s (1-4 s windows fell into repetition
+            loops: JFK, goforward) and 5.4% with both 3 and 4 s; 4 s keeps a margin.
+        audio_ctx_bucket_s: "auto" context lengths are multiples of this, so the encoder graph,
+            rebuilt whenever the length changes, is rebuilt at most once per bucket of window growth
+            (a rebuild costs ~3 ms on tiny.en, against ~50 ms of encoder per second of context).
     """
 
     step_s: float = 1.0
@@ -197,8 +220,16 @@ class StreamOptions:
     compression_ratio_threshold: float = 2.4
     rtf_steps: int = 10
     vad: VadOptions = field(default_factory=VadOptions)
+    audio_ctx: str = "auto"
+    audio_ctx_pad_s: float = 4.0
+    audio_ctx_bucket_s: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.audio_ctx not in AUDIO_CTX_MODES:
+            raise ValueError(f"audio_ctx must be one of {', '.join(AUDIO_CTX_MODES)}, not {self.audio_ctx!r}")
+        if self.audio_ctx_pad_s < 0 or not 0 < self.audio_ctx_bucket_s <= N_SAMPLES / SAMPLE_RATE:
+            raise ValueError("need audio_ctx_pad_s >= 0 and 0 < audio_ctx_bucket_s <= 30 s, got "
+                             f"{self.audio_ctx_pad_s}, {self.audio_ctx_bucket_s}")
         if not 0 < self.step_s <= self.max_step_s:
             raise ValueError(f"need 0 < step_s <= max_step_s, got {self.step_s}, {self.max_step_s}")
         if not self.trim_s <= self.max_window_s <= N_SAMPLES / SAMPLE_RATE - self.max_step_s:
@@ -244,7 +275,12 @@ def _spread(texts: list[str], start: float, end: float) -> list[_Word]:
 
 
 def _parse(tokens: Sequence[int], tokenizer: WhisperTokenizer, offset_s: float, window_s: float) -> _Hypothesis:
-    """Splits timestamped tokens into words; an unclosed last segment runs to the window's end."""
+    """Splits timestamped tokens into words; an unclosed last segment runs to the window's end.
+
+    A segment that opens at the end of the audio or later is dropped with all that follows: there is
+    nothing left to hear, so it can only be a repetition of earlier text, which a short encoder context
+    invites (seen on 1-4 s windows with 1 s of padding: "And so my fellow Americans." again at 2.00 s).
+    """
     words: list[_Word] = []
     cuts: list[tuple[int, float]] = []
     start, text = 0.0, []
@@ -258,6 +294,8 @@ def _parse(tokens: Sequence[int], tokenizer: WhisperTokenizer, offset_s: float, 
             words += _spread(tokenizer.decode(text).split(), offset_s + start, offset_s + stamp)
             cuts.append((len(words), offset_s + stamp))
             text = []
+        elif stamp >= window_s - TIME_PRECISION:
+            break
         start = stamp
     if text:
         words += _spread(tokenizer.decode(text).split(), offset_s + start, offset_s + window_s)
@@ -307,10 +345,22 @@ def _agreement(previous: Sequence[_Word], current: Sequence[_Word]) -> int:
     return n
 
 
-def _window_mel(samples: np.ndarray, model: WhisperModel) -> np.ndarray:
-    """(n_mels, 3000) log-mel of the window zero-padded to 30 s, as openai-whisper pads every window."""
-    mel = log_mel_spectrogram(samples, model.n_mels, filters=model.mel_filters, padding=N_SAMPLES - samples.size)
-    return np.ascontiguousarray(mel[:, :N_FRAMES], dtype=np.float32)
+def _context_frames(n_samples: int, options: StreamOptions) -> int:
+    """Mel frames to encode for a window of `n_samples`: all 3000 in "full" mode, else the window
+    plus the padding, rounded up to the bucket, an even number (two frames per encoder position)."""
+    if options.audio_ctx == "full":
+        return N_FRAMES
+    bucket = 2 * math.ceil(options.audio_ctx_bucket_s * SAMPLE_RATE / HOP_LENGTH / 2)
+    needed = (n_samples + options.audio_ctx_pad_s * SAMPLE_RATE) / HOP_LENGTH
+    return min(N_FRAMES, bucket * math.ceil(needed / bucket))
+
+
+def _window_mel(samples: np.ndarray, model: WhisperModel, n_frames: int) -> np.ndarray:
+    """(n_mels, n_frames) log-mel of the window zero-padded to n_frames, as openai-whisper pads every
+    window to 30 s: the frames equal the first n_frames of the 30 s version."""
+    padding = max(0, n_frames * HOP_LENGTH - samples.size)
+    mel = log_mel_spectrogram(samples, model.n_mels, filters=model.mel_filters, padding=padding)
+    return np.ascontiguousarray(mel[:, :n_frames], dtype=np.float32)
 
 
 # -- the stream ------------------------------------------------------------------------------------
@@ -420,9 +470,11 @@ class _Stream:
         return self.committed[len(self.committed) - self.in_window:]
 
     def _decode(self) -> tuple[_Hypothesis, DecodingResult]:
-        self.ctx.encode(_window_mel(self.audio, self.model))
+        self.ctx.encode(_window_mel(self.audio, self.model, _context_frames(self.audio.size, self.options)))
         o = self.options
-        options = DecodingOptions(language=o.language, prompt=self._prompt() or None, without_timestamps=False)
+        sample_len = _TOKENS_SLACK + math.ceil(_TOKENS_PER_S * self.audio.size / SAMPLE_RATE)
+        options = DecodingOptions(language=o.language, prompt=self._prompt() or None, without_timestamps=False,
+                                  sample_len=min(sample_len, self.model.n_text_ctx // 2))
         result = decode_window(self.ctx, self.model.tokenizer, options, self.model.n_text_ctx)
         self.decoded_upto = self.total
         self.fresh_speech = False
