@@ -7,15 +7,16 @@ All of them live in the GUI thread and are built by the composition root (`aural
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import shiboken6
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from aural.engine.capture import InputDevice, MicrophoneSource, list_input_devices
+from aural.engine.journal import Session, SessionJournal, mark_session, unclosed_sessions
 from aural.engine.metrics import Timings
 from aural.engine.models import ModelEntry, list_models
 from aural.engine.runtime import WhisperModel
@@ -24,9 +25,9 @@ from aural.engine.transcribe import Segment, TranscribeOptions, TranscriptionInf
 
 from .export import CaptionSegment
 from .jobs import FileJob, JobStatus
-from .workers import FileWorker, LiveWorker, ModelLoader, start_worker
+from .workers import FileRequest, FileWorker, LiveWorker, ModelLoader, start_thread, start_worker
 
-__all__ = ["Catalog", "FileQueue", "LiveSession", "ModelService", "open_microphone", "stop_thread"]
+__all__ = ["Catalog", "FileQueue", "LiveSession", "ModelService", "open_microphone", "stop_threads"]
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,16 @@ def _for_model(model: WhisperModel, language: str | None) -> str | None:
     return language if model.multilingual else None
 
 
-def stop_thread(thread: QThread | None) -> None:
-    """Wait for a worker's thread to end; its stop flag must already be set.
+def stop_threads(owner: QObject) -> None:
+    """Wait for every worker thread of `owner` to end; the workers' stop flags must already be set.
 
-    quit() is called here too: at shutdown the GUI event loop has stopped, so the queued quit that a
-    finishing worker sends would never arrive.
+    All of them, not only the running worker's: a worker's `finished` reaches the GUI before its thread
+    has ended, and a thread still running when the process exits aborts it ("QThread: Destroyed while
+    thread is still running", seen in test_no_sound_server_in_a_real_process). quit() is called here
+    too: at shutdown the GUI event loop has stopped, so the queued quit that a finishing worker sends
+    would never arrive.
     """
-    if thread is not None and shiboken6.isValid(thread):
+    for thread in owner.findChildren(QThread):
         thread.quit()
         thread.wait()
 
@@ -72,7 +76,6 @@ class ModelService(QObject):
         self._model_spec: str | None = None  # what `_model` was loaded from
         self._loading_spec: str | None = None
         self._loader: ModelLoader | None = None
-        self._thread: QThread | None = None
         self._pending: str | None = None
 
     @property
@@ -94,7 +97,7 @@ class ModelService(QObject):
         self._loader.loaded.connect(self._on_loaded)
         self._loader.failed.connect(self.failed)
         self._loader.finished.connect(self._on_finished)
-        self._thread = start_worker(self._loader, self)
+        start_worker(self._loader, self)
         self.loading.emit(spec)
 
     @Slot(object)
@@ -104,7 +107,7 @@ class ModelService(QObject):
 
     @Slot()
     def _on_finished(self) -> None:
-        self._loader = self._thread = None
+        self._loader = None
         pending, self._pending = self._pending, None
         if pending is not None:
             self.load(pending)
@@ -112,23 +115,32 @@ class ModelService(QObject):
     def shutdown(self) -> None:
         """A load cannot be interrupted: wait for it."""
         self._pending = None
-        stop_thread(self._thread)
+        stop_threads(self)
 
 
 class FileQueue(QObject):
-    """Transcribes queued files one after another with the shared model."""
+    """Transcribes queued files one after another with the shared model, on one worker thread that is
+    started with the first file and ends at `shutdown`."""
 
     added = Signal(object)  # FileJob
     changed = Signal(object)  # FileJob: status or progress
     segment_added = Signal(object, object)  # FileJob, Segment
+    _submit = Signal(object)  # FileRequest, to the worker's thread
 
     def __init__(self, models: ModelService, parent: QObject | None = None):
         super().__init__(parent)
         self._models = models
         self._ids = itertools.count(1)
         self._jobs: dict[int, FileJob] = {}
-        self._running: tuple[FileJob, FileWorker, QThread] | None = None
+        self._running: tuple[FileJob, threading.Event] | None = None  # the job and its stop flag
+        self._worker: FileWorker | None = None
+        self._thread: QThread | None = None
         models.ready.connect(self._next)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a file is being transcribed (or cancelled) now."""
+        return self._running is not None
 
     def job(self, job_id: int) -> FileJob:
         return self._jobs[job_id]
@@ -151,17 +163,18 @@ class FileQueue(QObject):
         if job.status is JobStatus.QUEUED:
             self._set_status(job, JobStatus.CANCELLED)
         elif job.status is JobStatus.RUNNING and self._running is not None:
-            self._running[1].stop()
+            self._running[1].set()
             self._set_status(job, JobStatus.CANCELLING)
 
     def shutdown(self) -> None:
+        """Cancels the queue, lets the running file stop and ends the worker thread."""
         for job in self._jobs.values():
             if job.status is JobStatus.QUEUED:
                 job.status = JobStatus.CANCELLED
         if self._running is not None:
-            _, worker, thread = self._running
-            worker.stop()
-            stop_thread(thread)
+            self._running[1].set()
+        stop_threads(self)
+        self._thread = None
 
     @Slot()
     def _next(self) -> None:
@@ -171,8 +184,18 @@ class FileQueue(QObject):
         job = next((j for j in self._jobs.values() if j.status is JobStatus.QUEUED), None)
         if job is None:
             return
-        options = TranscribeOptions(language=_for_model(model, job.language))
-        worker = FileWorker(model, job.path, options, job.kv_mode)
+        if self._thread is None:
+            self._start_worker()
+        stop = threading.Event()
+        request = FileRequest(model, job.path, TranscribeOptions(language=_for_model(model, job.language)),
+                              job.kv_mode, stop)
+        job.started = time.monotonic()
+        self._set_status(job, JobStatus.RUNNING)
+        self._running = (job, stop)
+        self._submit.emit(request)
+
+    def _start_worker(self) -> None:
+        worker = FileWorker()
         worker.opened.connect(self._on_opened)
         worker.progress.connect(self._on_progress)
         worker.segment.connect(self._on_segment)
@@ -180,9 +203,11 @@ class FileQueue(QObject):
         worker.cancelled.connect(self._on_cancelled)
         worker.failed.connect(self._on_failed)
         worker.finished.connect(self._on_finished)
-        job.started = time.monotonic()
-        self._set_status(job, JobStatus.RUNNING)
-        self._running = (job, worker, start_worker(worker, self))
+        self._submit.connect(worker.transcribe)
+        # The wrapper is kept here: were it collected while the thread runs, Python would delete the
+        # worker from this thread under the worker thread's feet.
+        self._worker = worker
+        self._thread = start_thread(worker, self)
 
     @property
     def _current(self) -> FileJob:
@@ -238,7 +263,8 @@ class LiveSession(QObject):
     """Live captioning from the input device with the shared model; one run at a time.
 
     Keeps every committed caption in `transcript`, across runs (later runs continue the timeline), until
-    `clear_transcript`.
+    `clear_transcript`. The transcript is journaled as it grows (`engine.journal`): one session file from
+    the first commit until Clear or a clean quit, so after a crash the next launch can restore it.
     """
 
     running_changed = Signal(bool)
@@ -253,11 +279,12 @@ class LiveSession(QObject):
         super().__init__(parent)
         self._models = models
         self._open_source = open_source
-        self._running: tuple[LiveWorker, QThread] | None = None
+        self._running: LiveWorker | None = None
         self._pending: tuple[str, str | None, str] | None = None
         self.transcript: list[CaptionSegment] = []
         self._offset_s = 0.0  # transcript time of this run's input time 0
         self._run_audio_s = 0.0
+        self._journal = SessionJournal(source="app")  # in engine.journal.sessions_dir()
         models.ready.connect(self._start_pending)
 
     @property
@@ -275,21 +302,47 @@ class LiveSession(QObject):
     def stop(self) -> None:
         """Ask the worker to stop; `running_changed(False)` follows once it has committed its tail."""
         if self._running is not None:
-            self._running[0].stop()
+            self._running.stop()
         elif self._pending is not None:
             self._pending = None
             self.running_changed.emit(False)
 
     def clear_transcript(self) -> None:
+        """Empties the transcript; its journal is closed, as the user chose to let it go."""
         self.transcript.clear()
         self._offset_s = 0.0
+        self._journal.close()
+
+    def unclosed_sessions(self) -> list[Session]:
+        """Journaled sessions that a crash (of this app or `aural live`) left unclosed, oldest first."""
+        return unclosed_sessions(self._journal.directory)
+
+    def restore(self, session: Session) -> list[CaptionSegment]:
+        """Appends an unclosed session's text to the transcript and returns the new segments.
+
+        The text is journaled in this app's session before the old file is closed as restored, so that
+        a crash between the two offers it twice rather than never. Raises OSError when the disk fails.
+        """
+        base = self.transcript[-1].end if self.transcript else self._offset_s
+        self._journal.extend([(e.text, base + e.start, base + e.end) for e in session.entries])
+        mark_session(session.path, "restored")
+        restored = [CaptionSegment(len(self.transcript) + i, base + e.start, base + e.end, e.text)
+                    for i, e in enumerate(session.entries)]
+        self.transcript += restored
+        self._offset_s = max(self._offset_s, restored[-1].end)
+        return restored
+
+    def discard(self, session: Session) -> None:
+        """Closes an unclosed session as discarded: it is not offered again. Raises OSError."""
+        mark_session(session.path, "discarded")
 
     def shutdown(self) -> None:
+        """Stops the run (its tail is committed and journaled), then closes the journal: a clean quit."""
         self._pending = None
         if self._running is not None:
-            worker, thread = self._running
-            worker.stop()
-            stop_thread(thread)
+            self._running.stop()
+        stop_threads(self)
+        self._journal.close()
 
     @Slot()
     def _start_pending(self) -> None:
@@ -300,7 +353,8 @@ class LiveSession(QObject):
         self._pending = None
         self._run_audio_s = 0.0
         options = StreamOptions(language=_for_model(model, language))
-        worker = LiveWorker(model, lambda: self._open_source(device), options, kv_mode)
+        self._journal.model = model.name
+        worker = LiveWorker(model, lambda: self._open_source(device), options, kv_mode, self._journal_commit)
         # Partials, metrics and levels come many times a second: queued, so the engine never waits on the GUI.
         worker.partial.connect(self.partial, Qt.ConnectionType.QueuedConnection)
         worker.metrics.connect(self._on_metrics, Qt.ConnectionType.QueuedConnection)
@@ -308,7 +362,13 @@ class LiveSession(QObject):
         worker.commit.connect(self._on_commit)
         worker.failed.connect(self.failed)
         worker.finished.connect(self._on_finished)
-        self._running = (worker, start_worker(worker, self))
+        start_worker(worker, self)
+        self._running = worker
+
+    def _journal_commit(self, commit: Commit) -> None:
+        """Runs on the worker's thread: the commit is on disk before the GUI sees it, with the same
+        transcript times as `_on_commit` gives it."""
+        self._journal.append(commit.text, self._offset_s + commit.start, self._offset_s + commit.end)
 
     @Slot(object)
     def _on_commit(self, commit: Commit) -> None:

@@ -27,6 +27,7 @@ from .widgets.file_queue import FileQueueView
 from .widgets.file_result import EXPORT_FORMATS, FileResultView
 from .widgets.metrics import MetricsPanel
 from .widgets.presentation import CaptionWindow
+from .widgets.restore_bar import RestoreBar
 
 __all__ = ["MainWindow"]
 
@@ -56,12 +57,14 @@ class MainWindow(QMainWindow):
         self.files = files
         self.live = live
         self._shown_job: FileJob | None = None
+        self._offers: list = []  # journal.Session: unclosed sessions still to offer, oldest first
         self._started_at: float | None = None  # Start (or model ready, if Start waited), until the first partial
         self.last_error = ""
         self._build_menus()
         self._build_views()
         self._connect_services()
         self._restore(catalog)
+        self._offer_restore()
 
     # -- construction --
 
@@ -72,6 +75,7 @@ class MainWindow(QMainWindow):
         self.queue = FileQueueView()
         self.result = FileResultView()
         self.caption_window = CaptionWindow(self)
+        self.restore_bar = RestoreBar()
         live = QSplitter(Qt.Orientation.Horizontal)
         live.addWidget(self._captions_pane())
         live.addWidget(self.metrics)
@@ -114,6 +118,7 @@ class MainWindow(QMainWindow):
         layout = QVBoxLayout(pane)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
+        layout.addWidget(self.restore_bar)
         layout.addWidget(self.captions, 1)
         layout.addLayout(bar)
         return pane
@@ -171,6 +176,8 @@ class MainWindow(QMainWindow):
         self.queue.cancel_requested.connect(self.files.cancel)
         self.queue.job_selected.connect(lambda job_id: self.show_job(self.files.job(job_id)))
         self.result.export_requested.connect(self._ask_export_job)
+        self.restore_bar.restore_requested.connect(self.restore_session)
+        self.restore_bar.discard_requested.connect(self.discard_session)
 
     def _restore(self, catalog: Catalog) -> None:
         s = self._settings
@@ -242,6 +249,48 @@ class MainWindow(QMainWindow):
     def show_caption_window(self) -> None:
         self.caption_window.show()
         self.caption_window.raise_()
+
+    # -- sessions a crash left unclosed --
+
+    def _offer_restore(self) -> None:
+        self._offers = self.live.unclosed_sessions()
+        self._show_next_offer()
+
+    def _show_next_offer(self) -> None:
+        if not self._offers:
+            self.restore_bar.clear_offer()
+            return
+        session = self._offers[0]
+        self.restore_bar.show_offer(f"Restore the transcript of the session of {session.started_label}? "
+                                    f"It did not end cleanly ({len(session.text.split())} words saved).")
+
+    @Slot()
+    def restore_session(self) -> None:
+        """Puts the offered session's text into the captions, after any text already there."""
+        if not self._offers:
+            return
+        try:
+            segments = self.live.restore(self._offers[0])
+        except OSError as exc:
+            self.show_error(f"Cannot restore the session: {exc.strerror or exc}")
+            return
+        self._offers.pop(0)
+        for segment in segments:
+            self._on_commit(segment)
+        self.statusBar().showMessage(f"Restored {len(segments)} captions.", 5000)
+        self._show_next_offer()
+
+    @Slot()
+    def discard_session(self) -> None:
+        if not self._offers:
+            return
+        try:
+            self.live.discard(self._offers[0])
+        except OSError as exc:
+            self.show_error(f"Cannot discard the session: {exc.strerror or exc}")
+            return
+        self._offers.pop(0)
+        self._show_next_offer()
 
     def _language(self) -> str | None:
         """The picked language; None to detect it (the services ignore it for English-only models)."""

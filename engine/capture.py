@@ -12,6 +12,7 @@ sound server PortAudio reports no device; both become a `DeviceError` with a cle
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -30,6 +31,9 @@ logger = logging.getLogger(__name__)
 # A device that delivered nothing for this long is treated as gone. Callbacks normally come every
 # block (0.1 s); a sound server's idle null sink renders in 2 s blocks (docs/testing-gui-and-audio.md).
 _STALL_S = 5.0
+# Closing a stream waits for the sound server: one that froze never answers (PortAudio's close blocked
+# for good in tests/test_capture.py with the PulseAudio daemon stopped). A healthy close takes a few ms.
+_CLOSE_TIMEOUT_S = 2.0
 
 
 def _sounddevice():
@@ -270,15 +274,29 @@ class MicrophoneSource(_RingSource):
         self._end_input(DeviceError(f"Microphone lost: {reason}"))
 
     def _close(self) -> None:
+        """Closes the stream, waiting at most _CLOSE_TIMEOUT_S: a stream that a frozen server keeps from
+        closing is left to a daemon thread, so that stopping (and so the app) never hangs on it."""
         stream, self._stream = self._stream, None
         if stream is None:
             return
         self._stopping = True
-        try:
-            stream.abort()  # abort, not stop: stop waits for buffers a dead server never completes
-            stream.close()
-        except Exception as exc:  # a vanished device may fail to close; it is gone either way
-            logger.debug("closing the input stream failed: %s", exc)
+        closer = threading.Thread(target=_abort_and_close, args=(stream,), name="aural-close-input", daemon=True)
+        closer.start()
+        closer.join(_CLOSE_TIMEOUT_S)
+        if closer.is_alive():
+            logger.warning("the input device did not close within %.0f s; closing it in the background",
+                           _CLOSE_TIMEOUT_S)
+            # sounddevice's exit clean-up (Pa_Terminate) would wait for this stream forever, and the process
+            # with it (seen after a PulseAudio daemon was killed: libpulse deadlocked); the OS frees it at exit.
+            atexit.unregister(_sounddevice()._exit_handler)
+
+
+def _abort_and_close(stream) -> None:
+    try:
+        stream.abort()  # abort, not stop: stop waits for buffers a dead server never completes
+        stream.close()
+    except Exception as exc:  # a vanished device may fail to close; it is gone either way
+        logger.debug("closing the input stream failed: %s", exc)
 
 
 def _capture_rate(sd, device: int | str | None, rate: int) -> int:

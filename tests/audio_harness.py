@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["VirtualMic", "rescan_portaudio", "virtual_mic"]
+__all__ = ["VirtualMic", "private_mic", "rescan_portaudio", "virtual_mic"]
 
 _TOOLS = ("pulseaudio", "pactl", "pacat", "paplay")
 
@@ -128,6 +129,16 @@ class VirtualMic:
                 proc.kill()
                 proc.wait()
 
+    def freeze(self) -> None:
+        """Stops the daemon (SIGSTOP) without killing it: a server that hangs; clients get no answer."""
+        self._daemon.send_signal(signal.SIGSTOP)
+
+    def restart(self) -> "VirtualMic":
+        """A new daemon on the same socket, as when the sound server comes back (or the device is plugged
+        back in): clients that kept PULSE_SERVER find it again. Works on a frozen daemon too."""
+        self.kill()
+        return self.start()
+
     def stop(self) -> None:
         """Stops the daemon and removes its directory (when the harness created it)."""
         for proc in (self._feeder, self._daemon):
@@ -158,7 +169,30 @@ def virtual_mic():
     rescan_portaudio()
     yield mic
     mic.stop()
+    # The session is over: nothing captures any more, so PortAudio is not re-initialised.
     if saved is None:
         os.environ.pop("PULSE_SERVER", None)
     else:
         os.environ["PULSE_SERVER"] = saved
+
+
+@pytest.fixture
+def private_mic(virtual_mic):
+    """`private_mic(rate=16000)` starts a VirtualMic that the test may kill and restart, and makes it this
+    process's default input until the test ends; then the session's `virtual_mic` is the default again.
+    Tests that kill a daemon use this one, so that the shared microphone stays up for the others."""
+    mics: list[VirtualMic] = []
+
+    # No PortAudio rescan: the session's rescan already lists ALSA's pulse devices, and each stream they
+    # open connects to the server PULSE_SERVER names then. A rescan (Pa_Terminate) would also wait forever
+    # for a stream that a killed daemon left stuck (capture.py gives up on closing such a stream).
+    def start(rate: int = 16000) -> VirtualMic:
+        mic = VirtualMic(rate).start()
+        mics.append(mic)
+        os.environ["PULSE_SERVER"] = mic.server
+        return mic
+
+    yield start
+    for mic in mics:
+        mic.stop()
+    os.environ["PULSE_SERVER"] = virtual_mic.server

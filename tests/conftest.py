@@ -17,6 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("AURAL_DATA_DIR", REPO.parent / "shared" / "data"))
 # One converted model per checkout, kept between runs (build/ is ignored by git); CI starts clean.
 os.environ.setdefault("AURAL_CACHE_DIR", str(REPO / "build" / "test-cache"))
+# Live session journals (engine.journal) of tests that do not pick a folder of their own: never the user's.
+os.environ.setdefault("AURAL_USER_DATA_DIR", str(REPO / "build" / "test-user-data"))
 
 
 @dataclass(frozen=True)

