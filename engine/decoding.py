@@ -194,8 +194,9 @@ def apply_timestamp_rules(tokenizer: WhisperTokenizer, max_initial_timestamp_ind
             logits[:ts_begin] = -np.inf
             if max_initial_timestamp_index is not None:
                 logits[ts_begin + max_initial_timestamp_index + 1:] = -np.inf
-        logprobs = _log_softmax(logits)
-        if _logsumexp(logprobs[ts_begin:]) > np.max(logprobs[:ts_begin]):
+        # Compared in log-probabilities in the reference; the softmax normaliser cancels on both sides,
+        # so raw logits give the same answer without a second pass over the vocabulary.
+        if _logsumexp(logits[ts_begin:].astype(np.float64)) > np.max(logits[:ts_begin]):
             logits[:ts_begin] = -np.inf
 
     return apply
@@ -267,7 +268,7 @@ def _step(row: np.ndarray, sampled: list[int], filters: list[LogitFilter], sampl
     for apply in filters:
         apply(logits, sampled)
     token = sampler.pick(logits)
-    return token, float(_log_softmax(logits)[token])
+    return token, float(logits[token]) - _logsumexp(logits.astype(np.float64))
 
 
 def _no_speech_prob(row: np.ndarray, tokenizer: WhisperTokenizer) -> float:

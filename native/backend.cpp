@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -163,6 +164,11 @@ int default_threads() {
     // cli default min(4, hardware_concurrency)). Use every logical core up to 8.
     const unsigned hc = std::thread::hardware_concurrency();
     return static_cast<int>(std::clamp(hc == 0 ? 4u : hc, 1u, 8u));
+}
+
+bool env_flag(const char * name) {
+    const char * v = std::getenv(name);
+    return v && *v && std::string(v) != "0";
 }
 
 void set_backend_threads(ggml_backend_t backend, int n_threads) {

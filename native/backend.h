@@ -49,6 +49,9 @@ std::map<std::string, std::string> cpu_features();
 // Threads a CPU backend uses when the caller passes 0: the physical-core estimate of ggml's own examples.
 int default_threads();
 
+// Whether the environment variable `name` is set to something other than "" or "0" (debugging switches).
+bool env_flag(const char * name);
+
 // Sets the thread count of a backend that has one (CPU, BLAS); other backends ignore it.
 void set_backend_threads(ggml_backend_t backend, int n_threads);
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <set>
 #include <stdexcept>
 
@@ -25,11 +24,6 @@ double ms_since(clock_type::time_point t0) {
 // tiles (ref: ggml-cuda fattn.cu FATTN_KQ_STRIDE).
 uint32_t arena_cells(const hparams & hp, uint32_t n_seq) {
     return GGML_PAD(hp.n_text_ctx + (n_seq - 1) * (hp.n_text_ctx / 2), 256);
-}
-
-bool env_flag(const char * name) {
-    const char * v = std::getenv(name);
-    return v && *v && std::string(v) != "0";
 }
 
 }  // namespace

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <sys/stat.h>
 
 #include "backend.h"
+#include "ggml-alloc.h"
 #include "gguf.h"
 #include "log.h"
 
@@ -37,12 +40,61 @@ uint32_t get_u32(gguf_context * meta, const std::string & key, const std::string
     }
 }
 
+// Text from the file, fit for an error message: bytes outside printable ASCII become \xNN. pybind11
+// decodes exception messages as UTF-8, so a damaged name would otherwise surface as UnicodeDecodeError
+// instead of the RuntimeError naming the file (found by tests/test_fuzz.py).
+std::string printable(const std::string & text) {
+    std::string out;
+    for (const unsigned char c : text) {
+        if (c >= 0x20 && c < 0x7f) {
+            out += static_cast<char>(c);
+        } else {
+            char hex[5];
+            std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+            out += hex;
+        }
+    }
+    return out;
+}
+
 std::string shape_str(const ggml_tensor * t) {
     std::string s = "[";
     for (int i = 0; i < ggml_n_dims(t); ++i) {
         s += (i ? ", " : "") + std::to_string(t->ne[i]);
     }
     return s + "]";
+}
+
+// The device's extra buffer types, best first (ggml-cpu: AMX, then CPU_REPACK); none when the backend has
+// no "ggml_backend_dev_get_extra_bufts" entry point. env: AURAL_NO_REPACK=1 ignores them (debugging).
+std::vector<ggml_backend_buffer_type_t> extra_bufts(ggml_backend_dev_t dev) {
+    std::vector<ggml_backend_buffer_type_t> out;
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto get = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+        ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+    if (!get || env_flag("AURAL_NO_REPACK")) {
+        return out;
+    }
+    for (ggml_backend_buffer_type_t * b = get(dev); b && *b; ++b) {
+        out.push_back(*b);
+    }
+    return out;
+}
+
+// Whether `dev` runs `w` x activations with `w` held in `buft`: a matmul on a copy of `w`'s type and
+// shape, bound to a zero-size buffer of that type, asks the device (ref: llama.cpp weight_buft_supported).
+bool buft_runs_matmul(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, const ggml_tensor * w) {
+    ggml_init_params params = {/*.mem_size =*/ 3 * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
+                               /*.no_alloc =*/ true};
+    ggml_context * ctx = ggml_init(params);
+    ggml_tensor * probe = ggml_dup_tensor(ctx, w);
+    ggml_tensor * y = ggml_mul_mat(ctx, probe, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 8));
+    ggml_backend_buffer_t empty = ggml_backend_buft_alloc_buffer(buft, 0);
+    probe->buffer = empty;
+    const bool ok = ggml_backend_dev_supports_op(dev, y);
+    ggml_backend_buffer_free(empty);
+    ggml_free(ctx);
+    return ok;
 }
 
 }  // namespace
@@ -66,6 +118,7 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->ctx_ = meta_ctx;
     m->read_hparams(meta.get());
     m->bind_tensors();
+    m->allocate_weights();
     m->read_weights(meta.get());
     AURAL_LOG_INFO("%s: %u+%u layers, %.1f MiB of weights on %s", path.c_str(), m->hp.n_audio_layer,
                    m->hp.n_text_layer, m->weights_bytes / 1048576.0, ggml_backend_dev_name(m->dev));
@@ -73,8 +126,8 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
 }
 
 model::~model() {
-    if (buffer_) {
-        ggml_backend_buffer_free(buffer_);
+    for (ggml_backend_buffer_t b : buffers_) {
+        ggml_backend_buffer_free(b);
     }
     if (ctx_) {
         ggml_free(ctx_);
@@ -88,7 +141,7 @@ void model::read_hparams(gguf_context * meta) {
     }
     const std::string arch = gguf_get_val_str(meta, arch_id);
     if (arch != "whisper") {
-        throw std::runtime_error(path + ": architecture is '" + arch + "', expected 'whisper'");
+        throw std::runtime_error(path + ": architecture is '" + printable(arch) + "', expected 'whisper'");
     }
     hp.n_vocab = get_u32(meta, "whisper.vocab_size", path);
     hp.n_audio_ctx = get_u32(meta, "whisper.audio.context_length", path);
@@ -163,6 +216,66 @@ void model::bind_tensors() {
     dec_ln = norm("dec.ln", nt);
 }
 
+std::vector<ggml_tensor *> model::matmul_weights() const {
+    std::vector<ggml_tensor *> out;
+    auto attn = [&out](const attn_weights & a) { out.insert(out.end(), {a.q_w, a.k_w, a.v_w, a.o_w}); };
+    auto mlp = [&out](const mlp_weights & m) { out.insert(out.end(), {m.fc1_w, m.fc2_w}); };
+    for (const encoder_layer & l : enc) {
+        attn(l.attn);
+        mlp(l.mlp);
+    }
+    for (const decoder_layer & l : dec) {
+        attn(l.attn);
+        attn(l.cross);
+        mlp(l.mlp);
+    }
+    return out;
+}
+
+void model::allocate_weights() {
+    // Only the layers' projections may take an extra buffer type: a repacked layout serves ggml_mul_mat
+    // alone, and tok_emb is also read by ggml_get_rows (graph.cpp), the conv kernels by im2col.
+    const std::vector<ggml_tensor *> mm = matmul_weights();
+    const std::set<const ggml_tensor *> projections(mm.begin(), mm.end());
+    const std::vector<ggml_backend_buffer_type_t> extras = extra_bufts(dev);
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> groups;
+    for (ggml_tensor * t = ggml_get_first_tensor(ctx_); t; t = ggml_get_next_tensor(ctx_, t)) {
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+        for (ggml_backend_buffer_type_t e : extras) {
+            if (projections.count(t) && buft_runs_matmul(dev, e, t)) {
+                buft = e;
+                break;
+            }
+        }
+        groups[buft].push_back(t);
+    }
+    for (const auto & [buft, tensors] : groups) {
+        const size_t align = ggml_backend_buft_get_alignment(buft);
+        size_t size = align;  // room to align the first tensor
+        for (const ggml_tensor * t : tensors) {
+            size += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+        }
+        ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, size);
+        if (!buf) {
+            throw std::runtime_error(path + ": cannot allocate " + std::to_string(size >> 20) + " MiB of weights in " +
+                                     ggml_backend_buft_name(buft) + " (out of memory?)");
+        }
+        buffers_.push_back(buf);
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        ggml_tallocr talloc = ggml_tallocr_new(buf);
+        for (ggml_tensor * t : tensors) {
+            if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
+                throw std::runtime_error(path + ": cannot place '" + ggml_get_name(t) + "' in " +
+                                         ggml_backend_buft_name(buft));
+            }
+        }
+        weight_buffers.emplace_back(ggml_backend_buft_name(buft), size);
+        weights_bytes += size;
+        AURAL_LOG_INFO("%zu weight tensors, %.1f MiB in %s", tensors.size(), size / 1048576.0,
+                       ggml_backend_buft_name(buft));
+    }
+}
+
 void model::read_weights(gguf_context * meta) {
     // Each tensor is read once, straight from the file into its backend buffer: into the tensor's
     // memory when the buffer is host-visible, else through one bounded staging block.
@@ -177,30 +290,27 @@ void model::read_weights(gguf_context * meta) {
         const size_t end = data_offset + gguf_get_tensor_offset(meta, i) + gguf_get_tensor_size(meta, i);
         if (end > file_size) {
             throw std::runtime_error(path + ": truncated (" + std::to_string(file_size) + " bytes, tensor '" +
-                                     gguf_get_tensor_name(meta, i) + "' ends at " + std::to_string(end) + ")");
+                                     printable(gguf_get_tensor_name(meta, i)) + "' ends at " + std::to_string(end) +
+                                     ")");
         }
     }
-    buffer_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_, ggml_backend_dev_buffer_type(dev));
-    if (!buffer_) {
-        throw std::runtime_error(path + ": cannot allocate the weights on " + std::string(ggml_backend_dev_name(dev)) +
-                                 " (out of memory?)");
-    }
-    ggml_backend_buffer_set_usage(buffer_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    weights_bytes = ggml_backend_buffer_get_size(buffer_);
-    const bool host = ggml_backend_buffer_is_host(buffer_);
+    const ggml_backend_buffer_type_t default_buft = ggml_backend_dev_buffer_type(dev);
     std::vector<uint8_t> staging;
     constexpr size_t staging_bytes = 16u << 20;
     for (ggml_tensor * t = ggml_get_first_tensor(ctx_); t; t = ggml_get_next_tensor(ctx_, t)) {
         const int64_t id = gguf_find_tensor(meta, ggml_get_name(t));
         const size_t nbytes = ggml_nbytes(t);
+        // note: a repacking buffer converts a whole tensor per set_tensor call (ggml-cpu repack.cpp
+        // asserts offset 0 and the full size), so its tensors are staged whole.
+        const size_t chunk = ggml_backend_buffer_get_type(t->buffer) == default_buft ? staging_bytes : nbytes;
         std::fseek(file.get(), static_cast<long>(data_offset + gguf_get_tensor_offset(meta, id)), SEEK_SET);
-        if (host) {
+        if (ggml_backend_buffer_is_host(t->buffer)) {
             if (std::fread(t->data, 1, nbytes, file.get()) != nbytes) {
                 throw std::runtime_error(path + ": read error in tensor '" + std::string(ggml_get_name(t)) + "'");
             }
             continue;
         }
-        staging.resize(std::min(nbytes, staging_bytes));
+        staging.resize(std::min(nbytes, chunk));
         for (size_t done = 0; done < nbytes;) {
             const size_t n = std::min(staging.size(), nbytes - done);
             if (std::fread(staging.data(), 1, n, file.get()) != n) {

@@ -1,4 +1,7 @@
-// Whisper weights loaded from one GGUF file into one backend buffer: immutable, shared by sessions.
+// Whisper weights loaded from one GGUF file into backend buffers: immutable, shared by sessions. The
+// layers' projection matrices go to the device's "extra" buffer type when it runs their matmul in its own
+// layout (ggml-cpu's CPU_REPACK: q4_0/iq4_nl interleaved for AVX2/AVX512 GEMM kernels); everything else
+// to the device's default buffer type.
 //
 //   auto model = aural::model::load("tiny.en-f16.gguf", "auto", /*n_threads=*/0);
 //   model->hp.n_text_layer;   // 4 for tiny
@@ -9,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ggml-backend.h"
@@ -71,6 +75,7 @@ class model {
     ggml_backend_dev_t dev = nullptr;  // where the weights live and graphs run first
     int n_threads = 0;                 // CPU threads for contexts that don't set their own
     size_t weights_bytes = 0;
+    std::vector<std::pair<std::string, size_t>> weight_buffers;  // buffer type name -> bytes, e.g. {"CPU", ...}
 
     ggml_tensor * conv1_w = nullptr;  // [3, n_mels, n_audio_state] f16
     ggml_tensor * conv1_b = nullptr;  // [n_audio_state]
@@ -90,10 +95,12 @@ class model {
     void read_hparams(gguf_context * meta);
     void bind_tensors();
     ggml_tensor * require(const std::string & name, std::initializer_list<int64_t> ne);
+    std::vector<ggml_tensor *> matmul_weights() const;
+    void allocate_weights();
     void read_weights(gguf_context * meta);
 
-    ggml_context * ctx_ = nullptr;             // tensor metadata (no data)
-    ggml_backend_buffer_t buffer_ = nullptr;  // every weight, in the device's buffer type
+    ggml_context * ctx_ = nullptr;                 // tensor metadata (no data)
+    std::vector<ggml_backend_buffer_t> buffers_;  // one per buffer type that holds weights
 };
 
 }  // namespace aural

@@ -5,6 +5,8 @@
 #   GGML_BACKEND_DL=ON       backends are shared objects that ggml_backend_load_all() loads at run time
 #   GGML_CPU_ALL_VARIANTS=ON one libggml-cpu-<variant>.so per x86-64 level (sse42 ... avx512, amx);
 #                            ggml scores them against the running CPU and loads the best
+#   GGML_LLAMAFILE=ON        tinyBLAS kernels for batched f16/q8_0 matrix products in every variant, as in
+#                            the Makefile's build (bench/results/speed-ablation.md)
 # Steps are stamped, so a second run rebuilds only Aural and the bundle.
 #
 # Environment: PYTHON (the interpreter the venv is made from, default python3; it must be built with
@@ -16,7 +18,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${PACKAGE_VENV:-build/package-venv}
 GGML_PYTHON="ggml-python==0.0.45"
-GGML_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON"
+GGML_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_LLAMAFILE=ON"
 export CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-2}
 STAGE=${1:-all}   # all | venv (stop after the build venv)
 

@@ -15,7 +15,9 @@ from aural.engine.decoding import (
     apply_timestamp_rules,
     build_logit_filters,
     compression_ratio,
+    LOOP_SPAN,
     decode_window,
+    is_looping,
     detect_language,
     initial_tokens,
     suppress_blank,
@@ -175,8 +177,9 @@ def test_compression_ratio():
 class FakeContext:
     """Stands in for `_native.Context`: every row favours one text token, so only limits stop."""
 
-    def __init__(self, favourite: int, capacity: int = 448):
+    def __init__(self, favourite: int, capacity: int = 448, cycle: int = 1):
         self.favourite = favourite
+        self.cycle = cycle  # the favourite advances through `cycle` ids, one per call
         self.calls: list[tuple[list[int], int, list[int] | None]] = []
         self.stats = {"kv_capacity_tokens": capacity}
         self.last_timings = {"compute_ms": 1.0, "kv_io_ms": 0.0, "kv_io_bytes": 0, "logits_ms": 0.1,
@@ -185,7 +188,7 @@ class FakeContext:
     def decode(self, tokens, n_past, outputs=None):
         self.calls.append((tokens.tolist(), n_past, outputs))
         logits = np.zeros((len(outputs) if outputs else 1, N_VOCAB), dtype=np.float32)
-        logits[:, self.favourite] = 30.0
+        logits[:, self.favourite + len(self.calls) % self.cycle] = 30.0
         return logits
 
 
@@ -203,11 +206,35 @@ def test_first_call_feeds_the_prompt_and_reads_two_rows(tok):
 
 
 def test_decoding_stops_when_the_text_context_is_full(tok):
-    ctx = FakeContext(favourite=400, capacity=50)
+    ctx = FakeContext(favourite=400, capacity=50, cycle=60)  # never repeats: only the arena stops it
     result = decode_window(ctx, tok, DecodingOptions(), 448)
     assert max(n_past for _, n_past, _ in ctx.calls) == 49  # never past the arena
     assert len(result.tokens) == 50
     assert result.timer.n_calls == 50 and result.timer.reused_calls == 50
+
+
+def test_a_decode_that_repeats_itself_is_cut(tok):
+    ctx = FakeContext(favourite=400, cycle=3)  # 400 401 402 400 401 402 ...: a hallucination loop
+    result = decode_window(ctx, tok, DecodingOptions(), 448)
+    assert result.looped and is_looping(result.tokens)
+    assert len(result.tokens) == 1 + LOOP_SPAN  # the first timestamp, then one span of the loop
+    assert len(ctx.calls) < 448 // 4
+
+
+@pytest.mark.parametrize(
+    ("tokens", "looping"),
+    [
+        ([7] * 31, False),                        # shorter than the span
+        ([7] * 32, True),                         # one token, over the span
+        ([1, 2, 3] * 11, True),                   # a 3-token unit
+        (list(range(16)) * 4, True),              # the longest unit, 4 times
+        (list(range(17)) * 3, False),             # a unit longer than LOOP_MAX_UNIT
+        ([5, 6] * 20 + [9], False),               # the loop was broken by the last token
+        (list(range(40)), False),
+    ],
+)
+def test_is_looping(tokens, looping):
+    assert is_looping(tokens) is looping
 
 
 def test_detect_language_reads_only_language_tokens():

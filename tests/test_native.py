@@ -115,6 +115,46 @@ def test_devices_and_weight_types():
         _native.select_device("no-such-gpu")
 
 
+def test_q4_0_projections_are_repacked(jfk_wav, monkeypatch):
+    """On AVX2 the layers' q4_0 projections go to ggml-cpu's CPU_REPACK buffer (8-row interleaved blocks);
+    tok_emb stays plain, as ggml_get_rows reads it. AURAL_NO_REPACK=1 keeps every weight in the CPU buffer.
+    Both layouts quantise activations to q8_0 and differ only in float summation order, so both must still
+    give JFK's words, up to the word or two that q4_0 itself may change (on the 18 dev clips q4_0 scores
+    9.4 % WER in either layout against 8.7 % for f16: bench/results/speed-ablation.md)."""
+    features = _native.cpu_features()
+    if features.get("REPACK") != "1" or features.get("AVX2") != "1":
+        pytest.skip("ggml-cpu repacks q4_0 only when built with REPACK and running on AVX2")
+    import jiwer
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    from aural.engine.models import resolve_model
+    from aural.engine.runtime import WhisperModel
+    from aural.engine.transcribe import transcribe
+
+    path = resolve_model("tiny.en", wtype="q4_0")
+    repacked = _native.Model(str(path))
+    buffers = dict(repacked.weight_buffers)
+    assert set(buffers) == {"CPU", "CPU_REPACK"} and sum(buffers.values()) == repacked.weights_bytes
+    hp = repacked.hparams
+    # Per encoder layer q, k, v, out (n x n) and fc1, fc2 (n x 4n): 12 n^2; a decoder layer adds cross: 16 n^2.
+    elements = 12 * hp["n_audio_layer"] * hp["n_audio_state"] ** 2 + 16 * hp["n_text_layer"] * hp["n_text_state"] ** 2
+    q4_0_bytes = elements // 32 * 18  # ggml block_q4_0: 32 weights in 16 bytes + an f16 scale
+    assert 0 <= buffers["CPU_REPACK"] - q4_0_bytes <= 64  # plus the buffer's alignment padding
+
+    normalize = EnglishTextNormalizer()
+    jfk = normalize("And so my fellow Americans, ask not what your country can do for you, "
+                    "ask what you can do for your country.")  # 22 words
+
+    def word_error_rate(model) -> float:
+        return jiwer.wer(jfk, normalize("".join(s.text for s in transcribe(model, jfk_wav))))
+
+    assert word_error_rate(WhisperModel(path)) <= 2 / 22
+    monkeypatch.setenv("AURAL_NO_REPACK", "1")
+    plain = WhisperModel(path)
+    assert [name for name, _ in _native.Model(str(path)).weight_buffers] == ["CPU"]
+    assert word_error_rate(plain) <= 2 / 22
+
+
 def _write_gguf(path, arch="whisper", tensors=None, keys=True):
     import gguf
 
