@@ -95,7 +95,9 @@ def models(wtype: str) -> dict[str, str]:
     ggml = CACHE / f"ggml-tiny.en-{wtype}.bin"
     if not ggml.exists() or ggml.stat().st_mtime < gguf.stat().st_mtime:
         export_ggml(gguf, ggml, wtype=wtype)
-    return {"ct2_dir": str(ct2), "gguf": str(gguf), "ggml": str(ggml)}
+    # Aural's q8_0 row: the same CT2 weights quantised by our converter (ggml's q8_0 blocks).
+    gguf_q8 = resolve_model(ct2, wtype="q8_0")
+    return {"ct2_dir": str(ct2), "gguf": str(gguf), "gguf_q8_0": str(gguf_q8), "ggml": str(ggml)}
 
 
 def main() -> int:

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Aural against its peers on the same tiny.en weights: speed, memory and accuracy (`make bench`).
 
-Engines (2 threads each unless --threads): Aural with its KV cache on the device and on the host,
-faster-whisper (CTranslate2) int8 and float32 reading the very tiny.en CTranslate2 directory Aural
-converts from, and whisper.cpp (pywhispercpp) on the ggml .bin exported from Aural's GGUF. Greedy and
-beam 5 for the peers; Aural's beam is reported n/a while TranscribeOptions has no beam_size.
+Engines (2 threads each unless --threads): Aural f16 with its KV cache on the device and on the host,
+Aural q8_0 (the same weights quantised by Aural's converter), faster-whisper (CTranslate2) int8 and
+float32 reading the very tiny.en CTranslate2 directory Aural converts from, and whisper.cpp
+(pywhispercpp) on the ggml .bin exported from Aural's GGUF. Greedy and beam 5 (beams batched as
+sequences of one KV arena in Aural).
 
 Every measurement is its own process (bench/worker.py): model load is timed apart, one warm-up pass on
 the first --warmup-s seconds, then the timed transcription of the whole clip, and that process's peak
@@ -88,6 +89,9 @@ def build_configs(models: dict[str, str], args: argparse.Namespace) -> list[Conf
             Config(f"aural-device{sfx}", "Aural (KV device)", "aural", mode, False,
                    {"model": models["gguf"], "kv_mode": "device", "device": args.aural_device, "beam": b}),
         ]
+        configs.append(Config(f"aural-q8_0{sfx}", "Aural q8_0 (KV device)", "aural", mode, False,
+                              {"model": models["gguf_q8_0"], "kv_mode": "device", "device": args.aural_device,
+                               "beam": b}))
         if mode == "greedy":
             configs.append(Config("aural-host", "Aural (KV host)", "aural", mode, False,
                                   {"model": models["gguf"], "kv_mode": "host", "device": args.aural_device,

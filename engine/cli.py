@@ -372,6 +372,8 @@ def _add_live(subparsers: Any) -> None:
                    help="keep the decoder KV cache on the device or on the host (default: device)")
     p.add_argument("--step", type=float, default=1.0, metavar="S",
                    help="seconds of audio between decodes (default: 1.0)")
+    p.add_argument("--audio-ctx", choices=["auto", "full"], default="auto",
+                   help="encode only the window's audio (auto) or always 30 s (full, slower) (default: auto)")
     p.set_defaults(run=_run_live, parser=p)
 
 
@@ -390,9 +392,9 @@ def _run_live(args: argparse.Namespace) -> int:
     device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
     source = ReplaySource(args.replay, speed=args.speed) if args.replay else MicrophoneSource(device)
     try:
-        options = StreamOptions(step_s=args.step)
+        options = StreamOptions(step_s=args.step, audio_ctx=args.audio_ctx)
     except ValueError as exc:
-        return _usage_error(args.parser, f"--step: {exc}")
+        return _usage_error(args.parser, str(exc))
     stop = threading.Event()
     model = _model_loader(args)()
     events = live_events(model, source, options, kv_mode=args.kv_mode, stop=stop)
