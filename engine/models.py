@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import gguf
+import numpy as np
 import platformdirs
 
 from aural.engine.convert import FILE_TYPES, HPARAM_KEYS, WEIGHT_TYPES, check_wtype, convert_ct2, file_sha256
@@ -214,8 +215,9 @@ def _is_intact(target: Path) -> bool:
         if not sidecar.is_file():
             logger.warning("%s has no %s; converting it again", target, sidecar.name)
             return False
-        intact = sidecar.read_text(encoding="ascii").partition(" ")[0] == file_sha256(target)
-    except (OSError, UnicodeDecodeError) as exc:
+        # errors="replace": a garbled sidecar is a mismatch (the model is made again), not a failure.
+        intact = sidecar.read_text(encoding="ascii", errors="replace").partition(" ")[0] == file_sha256(target)
+    except OSError as exc:
         raise ModelError(f"Cached model {target} cannot be read: {exc}.") from exc
     if not intact:
         logger.warning("%s does not match its sha256 (corrupt or truncated); converting it again", target)
@@ -355,10 +357,36 @@ def format_model_table(entries: list[ModelEntry]) -> str:
 _REQUIRED = object()
 
 
+# Most items one metadata array may claim. Whisper's largest would be a vocabulary (51865 tokens); Aural
+# stores its tokenizer as one JSON string, so its arrays hold at most a few hundred items.
+_MAX_ARRAY_ITEMS = 1 << 17
+
+
+class _BoundedReader(gguf.GGUFReader):
+    """GGUFReader that refuses a metadata array longer than _MAX_ARRAY_ITEMS.
+
+    gguf's reader walks array items one by one in Python (~25 us each) and reads past the end of the
+    file as empty values, so a damaged length (found by tests/test_fuzz.py: 852 thousand items took
+    44 s, 1.4 billion would take hours) stalls it. Overrides a private method (gguf 0.19
+    `_get_field_parts`); the fuzz test's regression examples hang if it stops being called.
+    """
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int):
+        if raw_type == gguf.GGUFValueType.ARRAY:
+            count = int(self._get(orig_offs + 4, np.uint64)[0])  # after the u32 item type
+            if count > _MAX_ARRAY_ITEMS:
+                raise ValueError(f"an array at byte {orig_offs} claims {count} items, "
+                                 f"more than the {_MAX_ARRAY_ITEMS} Whisper metadata can need")
+        return super()._get_field_parts(orig_offs, raw_type)
+
+
 def _field(reader: gguf.GGUFReader, path: Path, key: str, default: Any = _REQUIRED) -> Any:
     field = reader.get_field(key)
     if field is not None:
-        return field.contents()
+        try:
+            return field.contents()
+        except UnicodeDecodeError as exc:  # a damaged string value (found by tests/test_fuzz.py)
+            raise ModelError(f"{path} is corrupt: its '{key}' is not valid UTF-8 ({exc.reason}).") from exc
     if default is _REQUIRED:
         raise ModelError(f"{path} has no '{key}'; it is not an Aural Whisper GGUF (convert it again).")
     return default
@@ -373,11 +401,11 @@ def model_info(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     try:
-        reader = gguf.GGUFReader(path)  # memory-maps the file
+        reader = _BoundedReader(path)  # memory-maps the file
     except (OSError, ValueError, IndexError, KeyError) as exc:
         raise ModelError(f"{path} is not a readable GGUF file ({exc}).") from exc
-    if _field(reader, path, "general.architecture") != "whisper":
-        raise ModelError(f"{path} is not a Whisper model (general.architecture is not 'whisper').")
+    if (arch := _field(reader, path, "general.architecture")) != "whisper":
+        raise ModelError(f"{path} is not a Whisper model (general.architecture is {arch!r}, expected 'whisper').")
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
     if end > path.stat().st_size:
         raise ModelError(f"{path} is truncated: its tensors end at byte {end} but the file has {path.stat().st_size}.")

