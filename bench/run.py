@@ -77,6 +77,10 @@ class Config:
     unsupported: str | None = None
 
 
+# The device-vs-host profile compares like with like: f16 weights, greedy (one token per decode call).
+PROFILE_CONFIGS = ("aural-device", "aural-host")
+
+
 def build_configs(models: dict[str, str], args: argparse.Namespace) -> list[Config]:
     beam = {"greedy": 1, "beam5": 5}
     configs = []
@@ -303,7 +307,7 @@ def write_summary(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], 
             ])
         lines += [md_table(header, table), ""]
 
-    prof = [r for r in rows if r["engine"] == "aural" and r.get("token_profile")]
+    prof = [r for r in rows if r["config"] in PROFILE_CONFIGS and r.get("token_profile")]
     if prof:
         lines += ["## Aural per-token profile: KV cache on the device vs on the host", "",
                   "Per decode call (one sampled token), median over rounds. Host mode copies the KV rows "
@@ -401,7 +405,7 @@ def make_plots(rows: list[dict[str, Any]], audio: dict[str, dict], out_dir: Path
         made.append(_save(fig, out_dir / f"{name}-rtf.png"))
 
     # 2. Aural per-token profile, stacked.
-    prof = [r for r in ok if r.get("token_profile")]
+    prof = [r for r in ok if r["config"] in PROFILE_CONFIGS and r.get("token_profile")]
     if prof:
         fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(prof)), 4))
         parts = [("compute_ms", "compute"), ("kv_io_ms", "KV I/O"), ("logits_ms", "logits"),
