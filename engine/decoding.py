@@ -465,7 +465,7 @@ def _decode_beams(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.
         pre.timer.add_sampling(time.perf_counter() - start)
         if len(finished) >= max_finished or not kept or n_past >= pre.capacity:
             break
-        if any(is_looping(seq) for seq, _, _ in kept[:1]):
+        if kept and is_looping(kept[0][0]):
             logger.info("beam search stopped: the best beam repeats itself")
             break
         beams = [list(seq) for seq, _, _ in kept]
