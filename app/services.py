@@ -15,8 +15,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
+from aural.engine.cancel import StopEvent
 from aural.engine.capture import InputDevice, MicrophoneSource, list_input_devices
-from aural.engine.journal import Session, SessionJournal, mark_session, unclosed_sessions
+from aural.engine.journal import Session, SessionJournal, mark_session, prune_sessions, unclosed_sessions
 from aural.engine.metrics import Timings
 from aural.engine.models import ModelEntry, list_models
 from aural.engine.runtime import WhisperModel
@@ -186,7 +187,7 @@ class FileQueue(QObject):
             return
         if self._thread is None:
             self._start_worker()
-        stop = threading.Event()
+        stop = StopEvent()  # Cancel interrupts the encoder mid-window, not after it
         request = FileRequest(model, job.path, TranscribeOptions(language=_for_model(model, job.language)),
                               job.kv_mode, stop)
         job.started = time.monotonic()
@@ -285,6 +286,7 @@ class LiveSession(QObject):
         self._offset_s = 0.0  # transcript time of this run's input time 0
         self._run_audio_s = 0.0
         self._journal = SessionJournal(source="app")  # in engine.journal.sessions_dir()
+        prune_sessions(self._journal.directory)  # sessions that ended over KEEP_DAYS ago (a few stat calls)
         models.ready.connect(self._start_pending)
 
     @property

@@ -150,7 +150,8 @@ class FileWorker(_Reporter):
         if request.stop.is_set():
             self.cancelled.emit()
             return
-        # The engine checks the stop flag at every decoder step, so a cancel lands within one step.
+        # The engine checks the stop flag at every decoder step, and a StopEvent also interrupts the
+        # native call in progress, so a cancel lands within one graph node.
         result = transcribe(request.model, request.path, request.options, kv_mode=request.kv_mode,
                             progress=self.progress.emit, stop=request.stop)
         self.opened.emit(result.info)

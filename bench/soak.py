@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, english_dev_clips, fmt, machine_info, md_table, word_errors  # noqa: E402
 
 from aural.engine.audio import SAMPLE_RATE, load_audio  # noqa: E402
+from aural.engine.cancel import StopEvent  # noqa: E402
 from aural.engine.capture import ReplaySource  # noqa: E402
 from aural.engine.metrics import peak_rss_mb  # noqa: E402
 from aural.engine.models import resolve_model  # noqa: E402
@@ -183,7 +184,7 @@ class FileRun:
 
 def transcribe_file(model: WhisperModel, clip, cancel_after_s: float | None) -> FileRun:
     run = FileRun(clip.name, cancel_after_s)
-    stop = threading.Event()
+    stop = StopEvent()  # as the app's file queue: a cancel interrupts the native call in progress
     stopped_at: list[float] = []
 
     def cancel() -> None:

@@ -384,7 +384,7 @@ def _run_live(args: argparse.Namespace) -> int:
     import threading
 
     from .capture import MicrophoneSource, ReplaySource
-    from .journal import SessionJournal
+    from .journal import SessionJournal, prune_sessions
     from .streaming import Commit, Error, Metrics, Partial, StreamOptions, event_dict, live_events
 
     if args.replay is None and args.speed != 1.0:
@@ -400,6 +400,7 @@ def _run_live(args: argparse.Namespace) -> int:
     events = live_events(model, source, options, kv_mode=args.kv_mode, stop=stop)
     # Each commit is on disk before it is printed: a crash leaves the session for the app to restore.
     journal = SessionJournal(model=model.name, source="aural live")
+    prune_sessions(journal.directory)
     tty, line, last, failed = sys.stdout.isatty() and not args.json, "", None, False
     default_handler = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, lambda *_: (stop.set(), signal.signal(signal.SIGINT, default_handler)))

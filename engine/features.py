@@ -118,6 +118,20 @@ def log_mel_spectrogram(
     return ((log_mel.T + 4.0) / 4.0).astype(np.float32, order="C")
 
 
+def window_mel(samples: np.ndarray, filters: np.ndarray, n_frames: int = N_FRAMES) -> np.ndarray:
+    """(n_mels, n_frames) C-contiguous float32 log-mel of one window for the encoder, zero-padded as
+    openai-whisper pads every window to 30 s: the frames equal the first n_frames of the 30 s version.
+
+    openai-whisper computes the log-mel of the whole file once and clamps every frame to 8 below the
+    file's maximum; here each window is clamped to its own maximum. For inputs up to 30 s the two are
+    identical; for longer ones a quiet window gets a slightly different floor. That difference is
+    what keeps memory bounded: nothing file-wide is ever held.
+    """
+    padding = max(0, n_frames * HOP_LENGTH - samples.size)
+    mel = log_mel_spectrogram(samples, filters=filters, padding=padding)
+    return np.ascontiguousarray(mel[:, :n_frames], dtype=np.float32)
+
+
 def pad_or_trim(array: np.ndarray, length: int = N_SAMPLES, axis: int = -1) -> np.ndarray:
     """Cuts or zero-pads `array` along `axis` to `length`: N_SAMPLES for audio, N_FRAMES for a mel."""
     size = array.shape[axis]

@@ -19,6 +19,7 @@ on Linux); platformdirs is already how the model cache finds its folder.
     for session in unclosed_sessions():
         print(session.started, session.text)
         mark_session(session.path, "discarded")
+    prune_sessions()                                          # ended over KEEP_DAYS ago: deleted
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from pathlib import Path
 
 import platformdirs
 
-__all__ = ["OUTCOMES", "JournalEntry", "Session", "SessionJournal", "mark_session", "read_session", "sessions_dir",
-           "unclosed_sessions"]
+__all__ = ["KEEP_DAYS", "OUTCOMES", "JournalEntry", "Session", "SessionJournal", "mark_session", "prune_sessions",
+           "read_session", "sessions_dir", "unclosed_sessions"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ _DATA_ENV = "AURAL_USER_DATA_DIR"  # not AURAL_DATA_DIR: the tests' speech clips
 _VERSION = 1
 # How a session ended: the writer stopped, or the user dealt with an unclosed one on the next launch.
 OUTCOMES = ("stopped", "restored", "discarded")
+# Ended sessions are kept this long (days) for anyone who wants to look back, then pruned at the next
+# launch; the app's transcript panel is the place to keep text for good (export).
+KEEP_DAYS = 30.0
 _serial = itertools.count(1)  # file names stay unique within a process and a second
 
 
@@ -214,6 +218,29 @@ def unclosed_sessions(directory: Path | None = None) -> list[Session]:
         if session is not None and session.outcome is None and session.entries:
             found.append(session)
     return sorted(found, key=lambda s: s.started)
+
+
+def prune_sessions(directory: Path | None = None, *, older_than_days: float = KEEP_DAYS) -> int:
+    """Deletes sessions that ended (stopped, restored or discarded) over `older_than_days` ago, so the
+    folder does not grow without end; unclosed and in-use sessions are kept whatever their age.
+    Returns how many files were deleted."""
+    directory = directory or sessions_dir()
+    cutoff = time.time() - older_than_days * 86400.0
+    deleted = 0
+    for path in directory.glob("session-*.jsonl"):
+        try:
+            # A session's file is last written when it ends, so its mtime is when it ended.
+            if path.stat().st_mtime >= cutoff or _in_use(path):
+                continue
+            session = read_session(path)
+            if session is not None and session.outcome is not None:
+                path.unlink()
+                deleted += 1
+        except OSError as exc:
+            logger.warning("cannot prune %s: %s", path, exc)
+    if deleted:
+        logger.info("deleted %d session journals that ended over %g days ago", deleted, older_than_days)
+    return deleted
 
 
 def _in_use(path: Path) -> bool:

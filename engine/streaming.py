@@ -37,7 +37,7 @@ import numpy as np
 
 from .decoding import DecodingOptions, DecodingResult, decode_window
 from .errors import AuralError
-from .features import HOP_LENGTH, N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from .features import HOP_LENGTH, N_FRAMES, N_SAMPLES, window_mel
 from .metrics import TokenTimer, peak_rss_mb
 from .runtime import WhisperModel
 from .tokenizer import TIME_PRECISION, WhisperTokenizer
@@ -355,14 +355,6 @@ def _context_frames(n_samples: int, options: StreamOptions) -> int:
     return min(N_FRAMES, bucket * math.ceil(needed / bucket))
 
 
-def _window_mel(samples: np.ndarray, model: WhisperModel, n_frames: int) -> np.ndarray:
-    """(n_mels, n_frames) log-mel of the window zero-padded to n_frames, as openai-whisper pads every
-    window to 30 s: the frames equal the first n_frames of the 30 s version."""
-    padding = max(0, n_frames * HOP_LENGTH - samples.size)
-    mel = log_mel_spectrogram(samples, model.n_mels, filters=model.mel_filters, padding=padding)
-    return np.ascontiguousarray(mel[:, :n_frames], dtype=np.float32)
-
-
 # -- the stream ------------------------------------------------------------------------------------
 
 
@@ -470,7 +462,8 @@ class _Stream:
         return self.committed[len(self.committed) - self.in_window:]
 
     def _decode(self) -> tuple[_Hypothesis, DecodingResult]:
-        self.ctx.encode(_window_mel(self.audio, self.model, _context_frames(self.audio.size, self.options)))
+        frames = _context_frames(self.audio.size, self.options)
+        self.ctx.encode(window_mel(self.audio, self.model.mel_filters, frames))
         o = self.options
         sample_len = _TOKENS_SLACK + math.ceil(_TOKENS_PER_S * self.audio.size / SAMPLE_RATE)
         options = DecodingOptions(language=o.language, prompt=self._prompt() or None, without_timestamps=False,

@@ -24,9 +24,10 @@ import numpy as np
 
 from . import audio
 from .alignment import window_words
+from .cancel import interrupt_on_stop
 from .decoding import DecodingOptions, DecodingResult, decode_window, detect_language
 from .errors import AudioError
-from .features import HOP_LENGTH, N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from .features import HOP_LENGTH, N_FRAMES, N_SAMPLES, window_mel
 from .metrics import Timings, TokenTimer
 from .runtime import MAX_SEQUENCES, WhisperModel
 from .tokenizer import TIME_PRECISION, WhisperTokenizer, normalize_language
@@ -284,19 +285,6 @@ def _open_source(source, raw_rate, raw_format) -> tuple[Callable[[], Iterator[np
     return lambda: iter(audio.stream_audio(path, raw_rate=raw_rate, raw_format=raw_format)), path, info.duration_s
 
 
-def _window_mel(samples: np.ndarray, model: WhisperModel) -> np.ndarray:
-    """(n_mels, 3000) log-mel of one window, zero-padded to 30 s.
-
-    openai-whisper computes the log-mel of the whole file once and clamps every frame to 8 below the
-    file's maximum; here each window is clamped to its own maximum. For inputs up to 30 s the two are
-    identical; for longer ones a quiet window gets a slightly different floor. That difference is
-    what keeps memory bounded: nothing file-wide is ever held.
-    """
-    mel = log_mel_spectrogram(samples, model.n_mels, filters=model.mel_filters,
-                              padding=N_SAMPLES - samples.size)
-    return np.ascontiguousarray(mel[:, :N_FRAMES], dtype=np.float32)
-
-
 # -- segments --------------------------------------------------------------------------------------
 
 
@@ -312,6 +300,9 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, *, time_offset: 
       dropped and the next window starts at the last closing timestamp.
     - Without pairs the whole window is one segment, ending at its last timestamp when there is one
       (other than <|0.00|>), and the whole window is consumed.
+
+    Times are clamped to the window's audio (`segment_duration`): in a last, partial window the model
+    can still place a timestamp past the end of the input.
     """
     is_ts = [t >= timestamp_begin for t in tokens]
     single_timestamp_ending = len(tokens) >= 2 and is_ts[-1] and not is_ts[-2]
@@ -320,7 +311,7 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, *, time_offset: 
         stamps = [t for t in tokens if t >= timestamp_begin]
         duration = segment_duration
         if stamps and stamps[-1] != timestamp_begin:
-            duration = (stamps[-1] - timestamp_begin) * TIME_PRECISION
+            duration = min((stamps[-1] - timestamp_begin) * TIME_PRECISION, segment_duration)
         return [(time_offset, time_offset + duration, list(tokens))], segment_size
 
     slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
@@ -328,8 +319,8 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, *, time_offset: 
     last = 0
     for cut in slices:
         piece = list(tokens[last:cut])
-        start = time_offset + (piece[0] - timestamp_begin) * TIME_PRECISION
-        end = time_offset + (piece[-1] - timestamp_begin) * TIME_PRECISION
+        start = time_offset + min((piece[0] - timestamp_begin) * TIME_PRECISION, segment_duration)
+        end = time_offset + min((piece[-1] - timestamp_begin) * TIME_PRECISION, segment_duration)
         segments.append((start, end, piece))
         last = cut
     if single_timestamp_ending:
@@ -449,7 +440,7 @@ class _Run:
         """Encodes the window at `seek` unless it is the one encoded last."""
         if self.encoded_seek != seek:
             samples = self.rolling.window(seek * HOP_LENGTH, N_SAMPLES)
-            self.ctx.encode(_window_mel(samples, self.model))
+            self.ctx.encode(window_mel(samples, self.model.mel_filters))
             self.timings.add_window(self.ctx.last_encode["encoder_ms"])
             self.encoded_seek = seek
 
@@ -569,19 +560,23 @@ def _segments(run: _Run, started: float, total_s: float | None,
               speech_map: SpeechMap | None = None) -> Iterator[Segment]:
     seek = 0
     try:
-        while not run.stopped() and (segment_size := run.frames(seek)) is not None:
-            segments, seek = run.window(seek, segment_size)
-            if run.stopped():  # the window was cut short: its text is incomplete, keep none of it
-                break
-            if speech_map is not None:
-                segments = [_to_original(s, speech_map) for s in segments]
-            yield from segments
-            if progress is not None:
-                done_s = seek * HOP_LENGTH / SAMPLE_RATE
+        with interrupt_on_stop(run.stop, run.ctx):
+            while not run.stopped() and (segment_size := run.frames(seek)) is not None:
+                segments, seek = run.window(seek, segment_size)
+                if run.stopped():  # the window was cut short: its text is incomplete, keep none of it
+                    break
                 if speech_map is not None:
-                    done_s = speech_map.to_original(done_s, is_end=True)
-                total = total_s if total_s is not None else done_s
-                progress(min(done_s, total), total)
+                    segments = [_to_original(s, speech_map) for s in segments]
+                yield from segments
+                if progress is not None:
+                    done_s = seek * HOP_LENGTH / SAMPLE_RATE
+                    if speech_map is not None:
+                        done_s = speech_map.to_original(done_s, is_end=True)
+                    total = total_s if total_s is not None else done_s
+                    progress(min(done_s, total), total)
+    except RuntimeError:
+        if not run.ctx.interrupted:  # a StopEvent cut a native call short: the same as a stop between steps
+            raise
     finally:
         # With the VAD filter the real-time factor is still over the whole input.
         audio_s = (run.rolling.total_samples if speech_map is None else speech_map.total_samples) / SAMPLE_RATE
@@ -601,7 +596,8 @@ def transcribe(model: WhisperModel, source: str | Path | np.ndarray, options: Tr
     Returns at once (after language detection, for multilingual models without a language) with a
     `Transcription` whose segments are decoded as they are iterated. `progress(done_s, total_s)` is
     called after each window. Setting `stop` ends the iteration within one decoder step (the
-    window being decoded is dropped); segments already yielded stay valid.
+    window being decoded is dropped); segments already yielded stay valid. A `cancel.StopEvent` also
+    interrupts the encoder or decoder call in progress.
 
     With `options.vad_filter` the input is first scanned once for speech (before this returns), then
     read again and only its speech regions are transcribed.

@@ -184,4 +184,16 @@ void set_backend_threads(ggml_backend_t backend, int n_threads) {
     }
 }
 
+void set_backend_abort_flag(ggml_backend_t backend, const std::atomic<bool> * flag) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+    auto fn = reg ? reinterpret_cast<ggml_backend_set_abort_callback_t>(
+                        ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_abort_callback"))
+                  : nullptr;
+    if (fn) {
+        fn(backend, [](void * data) { return static_cast<const std::atomic<bool> *>(data)->load(); },
+           const_cast<std::atomic<bool> *>(flag));
+    }
+}
+
 }  // namespace aural

@@ -7,6 +7,8 @@
 // Thread-safety: all functions are safe to call from any thread after ggml's registry is loaded.
 #pragma once
 
+#include <atomic>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -54,5 +56,8 @@ bool env_flag(const char * name);
 
 // Sets the thread count of a backend that has one (CPU, BLAS); other backends ignore it.
 void set_backend_threads(ggml_backend_t backend, int n_threads);
+// Backends that can stop a graph between nodes (ggml-cpu, Metal) poll `flag` before each node; a set flag
+// makes ggml_backend_sched_graph_compute return GGML_STATUS_ABORTED. No-op on backends without the hook.
+void set_backend_abort_flag(ggml_backend_t backend, const std::atomic<bool> * flag);
 
 }  // namespace aural

@@ -44,16 +44,19 @@ context::context(const model & m, const context_params & p) : mdl(m), params(p) 
     }
     const int n_threads = p.n_threads > 0 ? p.n_threads : m.n_threads;
     set_backend_threads(primary_, n_threads);
+    set_backend_abort_flag(primary_, &interrupted_);
     if (ggml_backend_dev_type(m.dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
         cpu_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
         if (!cpu_) {
             throw std::runtime_error("cannot initialise the CPU backend");
         }
         set_backend_threads(cpu_, n_threads);
+        set_backend_abort_flag(cpu_, &interrupted_);
     }
     for (ggml_backend_dev_t dev : accelerators()) {
         if (ggml_backend_t b = ggml_backend_dev_init(dev, nullptr)) {
             set_backend_threads(b, n_threads);
+            set_backend_abort_flag(b, &interrupted_);
             accel_.push_back(b);
             AURAL_LOG_INFO("accelerator %s joins the scheduler", ggml_backend_dev_name(dev));
         }
@@ -148,7 +151,10 @@ backend_report context::report(ggml_backend_sched_t sched, ggml_cgraph * gf) con
 }
 
 void context::compute(ggml_backend_sched_t sched, ggml_cgraph * gf) {
-    const ggml_status st = ggml_backend_sched_graph_compute(sched, gf);
+    const ggml_status st = interrupted() ? GGML_STATUS_ABORTED : ggml_backend_sched_graph_compute(sched, gf);
+    if (st == GGML_STATUS_ABORTED && interrupted()) {
+        throw interrupted_error("interrupted");
+    }
     if (st != GGML_STATUS_SUCCESS) {
         throw std::runtime_error(std::string("graph compute failed: ") + ggml_status_to_string(st));
     }

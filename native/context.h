@@ -9,9 +9,11 @@
 // Thread-safety: one context per thread; the model it uses may be shared by several contexts.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,11 @@ struct backend_report {
     int n_splits = 0;
 };
 
+// Thrown by every compute of a context after `context::interrupt()`.
+struct interrupted_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 class context {
   public:
     context(const model & m, const context_params & params);
@@ -88,6 +95,11 @@ class context {
     void align(const int32_t * tokens, uint32_t n_tokens, const std::vector<align_head> & heads, float * weights,
                float * logits);
     void clear_kv();
+    // Callable from any thread: the graph being computed stops before its next node (on backends with an
+    // abort hook: the CPU; a GPU finishes the graph it runs), and this and every later encode, decode or
+    // align throws interrupted_error. A cancelled transcription so waits for one node, not one window.
+    void interrupt() { interrupted_.store(true); }
+    bool interrupted() const { return interrupted_.load(); }
 
     const model & mdl;
     const context_params params;
@@ -108,6 +120,7 @@ class context {
     std::unique_ptr<kv_cache> kv_;
     std::unique_ptr<graph_result> enc_graph_, dec_graph_;
     bool reuse_enabled_ = true;
+    std::atomic<bool> interrupted_{false};  // polled by the backends between graph nodes
 
     ggml_backend_sched_t make_sched();
     void use_encoder(uint32_t n_ctx);  // (re)builds the encoder graph for n_ctx positions

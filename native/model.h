@@ -1,7 +1,8 @@
 // Whisper weights loaded from one GGUF file into backend buffers: immutable, shared by sessions. The
 // layers' projection matrices go to the device's "extra" buffer type when it runs their matmul in its own
 // layout (ggml-cpu's CPU_REPACK: q4_0/iq4_nl interleaved for AVX2/AVX512 GEMM kernels); everything else
-// to the device's default buffer type.
+// to the device's default buffer type. On the CPU, f16 matrices that multiply the encoder's 1500-column
+// activations are widened to f32 at load (see model.cpp, widen_encoder_projections).
 //
 //   auto model = aural::model::load("tiny.en-f16.gguf", "auto", /*n_threads=*/0);
 //   model->hp.n_text_layer;   // 4 for tiny
@@ -11,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,6 +78,7 @@ class model {
     int n_threads = 0;                 // CPU threads for contexts that don't set their own
     size_t weights_bytes = 0;
     std::vector<std::pair<std::string, size_t>> weight_buffers;  // buffer type name -> bytes, e.g. {"CPU", ...}
+    size_t widened_bytes = 0;  // f32 bytes of the f16 matrices widened for the CPU (0: none)
 
     ggml_tensor * conv1_w = nullptr;  // [3, n_mels, n_audio_state] f16
     ggml_tensor * conv1_b = nullptr;  // [n_audio_state]
@@ -96,11 +99,13 @@ class model {
     void bind_tensors();
     ggml_tensor * require(const std::string & name, std::initializer_list<int64_t> ne);
     std::vector<ggml_tensor *> matmul_weights() const;
+    void widen_encoder_projections();
     void allocate_weights();
     void read_weights(gguf_context * meta);
 
     ggml_context * ctx_ = nullptr;                 // tensor metadata (no data)
     std::vector<ggml_backend_buffer_t> buffers_;  // one per buffer type that holds weights
+    std::set<const ggml_tensor *> widened_;        // f16 in the file, f32 in memory
 };
 
 }  // namespace aural

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from aural.engine.journal import SessionJournal, mark_session, read_session, sessions_dir, unclosed_sessions
+from aural.engine.journal import (SessionJournal, mark_session, prune_sessions, read_session, sessions_dir,
+                                  unclosed_sessions)
 
 
 def writer_script(directory: Path, n: int, then: str = "time.sleep(600)") -> str:
@@ -85,6 +86,27 @@ def test_restored_and_discarded_sessions_are_offered_no_more(tmp_path):
     assert unclosed_sessions(tmp_path) == []
     with pytest.raises(ValueError, match="restored, discarded"):
         mark_session(second.path, "lost")
+
+
+def test_old_ended_sessions_are_pruned_and_unclosed_ones_kept(tmp_path):
+    def session(text, close):
+        journal = SessionJournal(source="test", directory=tmp_path)
+        journal.append(text, 0.0, 1.0)
+        if close:
+            journal.close()
+        return journal
+
+    old_closed, recent_closed, open_now = session("old", True), session("recent", True), session("open", False)
+    subprocess.run([sys.executable, "-c", writer_script(tmp_path, 1, then="os._exit(9)")], timeout=60)
+    [crashed] = unclosed_sessions(tmp_path)
+    long_ago = 40 * 86400
+    for path in (old_closed.path, open_now.path, crashed.path):
+        os.utime(path, (os.path.getmtime(path) - long_ago,) * 2)
+    assert prune_sessions(tmp_path, older_than_days=30) == 1
+    assert not old_closed.path.exists()
+    assert recent_closed.path.exists() and open_now.path.exists()  # recent, and in use
+    assert [s.path for s in unclosed_sessions(tmp_path)] == [crashed.path]  # still offered, however old
+    open_now.close()
 
 
 def test_a_torn_last_line_is_skipped_and_the_session_can_still_be_closed(tmp_path):

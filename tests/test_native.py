@@ -95,6 +95,33 @@ def test_arena_limits_and_bad_arguments(native_model, jfk_mel):
     assert ctx.decode(np.array([SOT, NO_TIMESTAMPS], dtype=np.int32), 0).shape == (1, 51864)
 
 
+def test_interrupt_stops_a_running_encode_and_every_later_call(native_model, jfk_mel):
+    import threading
+
+    ctx = _native.Context(native_model)
+    mel = np.ascontiguousarray(jfk_mel)
+    raised = []
+
+    def encode_until_interrupted():
+        try:
+            while True:
+                ctx.encode(mel)
+        except _native.Interrupted as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=encode_until_interrupted)
+    worker.start()
+    while ctx.stats["encode_calls"] == 0 and worker.is_alive():
+        worker.join(0.01)
+    ctx.interrupt()  # from another thread, while the worker is inside an encode (GIL released)
+    worker.join(60)
+    assert not worker.is_alive() and len(raised) == 1 and isinstance(raised[0], RuntimeError)
+    assert ctx.interrupted
+    with pytest.raises(_native.Interrupted):
+        ctx.decode(np.array([SOT, NO_TIMESTAMPS], dtype=np.int32), 0)
+    assert not _native.Context(native_model).interrupted  # per context: others are untouched
+
+
 def test_backend_report_shows_where_ops_run(native_model, jfk_mel):
     ctx = _native.Context(native_model)
     greedy(ctx, jfk_mel, max_tokens=2)
@@ -113,6 +140,19 @@ def test_devices_and_weight_types():
     assert set(_native.supported_weight_types("CPU")) >= {"f32", "f16", "q8_0"}
     with pytest.raises(ValueError, match="available"):
         _native.select_device("no-such-gpu")
+
+
+def test_f16_encoder_matrices_are_widened_on_the_cpu(tiny_gguf, jfk_mel, monkeypatch):
+    """tiny.en's encoder projections and cross-attention K/V projections (4 x 1 769 472 + 4 x 294 912
+    values) are held as f32 on the CPU; AURAL_NO_WIDEN=1 keeps them f16. Both give JFK's tokens."""
+    widened = _native.Model(str(tiny_gguf), device="cpu")
+    monkeypatch.setenv("AURAL_NO_WIDEN", "1")
+    stored = _native.Model(str(tiny_gguf), device="cpu")
+    assert widened.widened_bytes == 4 * (1_769_472 + 294_912) * 4 and stored.widened_bytes == 0
+    # Each widened value takes 2 more bytes; buffer alignment adds at most a few KiB.
+    extra = widened.weights_bytes - stored.weights_bytes
+    assert widened.widened_bytes // 2 <= extra < widened.widened_bytes // 2 + 65536
+    assert greedy(_native.Context(widened), jfk_mel) == greedy(_native.Context(stored), jfk_mel)
 
 
 def test_q4_0_projections_are_repacked(jfk_wav, monkeypatch):

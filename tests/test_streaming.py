@@ -22,7 +22,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 from conftest import english_dev_clips
 from aural.engine.audio import load_audio
 from aural.engine.capture import MicrophoneSource, ReplaySource
-from aural.engine.features import N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from aural.engine.features import N_FRAMES, N_SAMPLES, log_mel_spectrogram, window_mel
 from aural.engine.runtime import WhisperModel
 from aural.engine.streaming import (
     Commit,
@@ -34,7 +34,6 @@ from aural.engine.streaming import (
     _context_frames,
     _parse,
     _skip_committed,
-    _window_mel,
     _Word,
     event_dict,
     live_events,
@@ -169,7 +168,7 @@ def test_auto_context_covers_the_window_and_padding_in_whole_buckets(window_s, p
 def test_a_short_context_sees_the_same_frames_as_the_30_s_window(model, jfk_wav):
     audio = load_audio(jfk_wav)[:5 * 16000]
     full = log_mel_spectrogram(audio, model.n_mels, filters=model.mel_filters, padding=N_SAMPLES - audio.size)
-    short = _window_mel(audio, model, 800)
+    short = window_mel(audio, model.mel_filters, 800)
     assert short.shape == (model.n_mels, 800) and short.flags.c_contiguous
     np.testing.assert_allclose(short, full[:, :800], atol=1e-5)
 

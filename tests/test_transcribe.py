@@ -199,6 +199,15 @@ def test_split_without_pairs_is_one_segment():
     assert segments == [(0.0, 11.0, [1, 2])] and advance == 1100
 
 
+def test_split_clamps_timestamps_past_the_end_of_the_audio():
+    # A last window with 5 s of audio whose model output places timestamps at 4, 6 and 7 s.
+    tokens = [TS, 1, TS + 200, TS + 200, 2, TS + 300, TS + 300, 3, TS + 350]
+    segments, _ = split_segments(tokens, TS, time_offset=175.0, segment_size=500, segment_duration=5.0)
+    assert [(s, e) for s, e, _ in segments] == [(175.0, 179.0), (179.0, 180.0), (180.0, 180.0)]
+    segments, _ = split_segments([TS, 1, 2, TS + 400], TS, time_offset=0.0, segment_size=500, segment_duration=5.0)
+    assert [(s, e) for s, e, _ in segments] == [(0.0, 5.0)]
+
+
 def test_fallback_and_silence_rules():
     options = TranscribeOptions()
 
@@ -248,6 +257,33 @@ def test_stop_ends_a_long_transcription_within_a_step(whisper_model, three_minut
     # The first window's segments were delivered; the run stopped without decoding the rest.
     assert segments and segments[-1].end <= 30.0 + 1e-6
     assert result.timings.n_windows <= 2
+
+
+def test_a_stop_event_interrupts_the_window_in_progress(whisper_model, three_minutes):
+    import threading
+
+    from aural.engine.cancel import StopEvent
+
+    stop = StopEvent()
+    # Set from another thread once the first window is done: the second is then inside a native call.
+    result = transcribe(whisper_model, three_minutes, stop=stop,
+                        progress=lambda done, total: threading.Timer(0.05, stop.set).start())
+    segments = list(result)  # ends quietly: an interrupted native call is a stop, not an error
+    assert stop.is_set() and segments and segments[-1].end <= 30.0 + 1e-6
+    assert result.timings.n_windows <= 2
+
+
+def test_stop_event_hooks_run_once_per_set_and_only_inside_the_block():
+    from aural.engine.cancel import StopEvent
+
+    stop, calls = StopEvent(), []
+    with stop.on_set(lambda: calls.append("a")):
+        stop.set()
+        assert calls == ["a"] and stop.is_set()
+    stop.set()  # the hook is gone
+    assert calls == ["a"]
+    with stop.on_set(lambda: calls.append("b")):  # already set: runs at once
+        assert calls == ["a", "b"]
 
 
 # -- decoding options --------------------------------------------------------------------------------

@@ -184,6 +184,10 @@ void register_context(py::module_ & m) {
              "(weights float32 (len(heads), n_tokens, n_cross): cross-attention of each (layer, head), "
              "logits float32 (n_tokens, n_vocab)).")
         .def("clear_kv", &context::clear_kv, "Zero the KV arena and forget every position.")
+        .def("interrupt", &context::interrupt,
+             "Thread-safe and immediate: the computation in progress stops before its next graph node (CPU), and "
+             "this and every later encode/decode/align raises Interrupted.")
+        .def_property_readonly("interrupted", &context::interrupted)
         .def_property_readonly("kv_mode", [](const context & self) { return std::string(kv_mode_name(self.params.mode)); })
         .def_property_readonly("graph_reuse", [](const context & self) { return self.params.graph_reuse; })
         .def_property_readonly("last_timings", [](const context & self) { return step_dict(self.last_step); })

@@ -55,6 +55,8 @@ void register_model(py::module_ & m) {
         .def_property_readonly("weights_bytes", [](const model & self) { return self.weights_bytes; })
         .def_property_readonly("weight_buffers", [](const model & self) { return self.weight_buffers; },
                                "[(buffer type name, bytes)]: where the weights live, e.g. CPU and CPU_REPACK.")
+        .def_property_readonly("widened_bytes", [](const model & self) { return self.widened_bytes; },
+                               "Bytes of f16 encoder matrices held as f32 for the CPU's matmul kernels (0: none).")
         .def_property_readonly("path", [](const model & self) { return self.path; });
 }
 

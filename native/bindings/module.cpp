@@ -1,8 +1,10 @@
 // aural._native: the Whisper engine on ggml. Native errors become Python exceptions (ValueError for
-// bad arguments, RuntimeError for failures, ContextFullError when the decoder's context is full).
+// bad arguments, RuntimeError for failures, ContextFullError when the decoder's context is full,
+// Interrupted (a RuntimeError) after Context.interrupt()).
 #include <stdexcept>
 
 #include "bindings.h"
+#include "context.h"
 #include "ggml.h"
 #include "log.h"
 
@@ -11,11 +13,14 @@ namespace py = pybind11;
 PYBIND11_MODULE(_native, m) {
     m.doc() = "Aural's native Whisper engine on ggml (device-resident KV cache).";
     static py::exception<std::length_error> context_full(m, "ContextFullError", PyExc_ValueError);
+    static py::exception<aural::interrupted_error> interrupted(m, "Interrupted", PyExc_RuntimeError);
     py::register_exception_translator([](std::exception_ptr p) {
         try {
             if (p) std::rethrow_exception(p);
         } catch (const std::length_error & e) {
             py::set_error(context_full, e.what());
+        } catch (const aural::interrupted_error & e) {
+            py::set_error(interrupted, e.what());
         }
     });
 
