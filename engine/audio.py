@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -271,6 +272,8 @@ def _decode_av(p: str) -> Iterator[np.ndarray]:
     """Yields 16 kHz mono float32 blocks (one per decoded frame, any length) of the first audio stream."""
     with _open(p) as container:
         stream = _audio_stream(container, p)
+        if container.format.name == "wav":
+            _warn_if_wav_truncated(p)
         try:
             yield from _resampled(_decoded_frames(container, stream, p))
         except _PYAV_ERRORS as exc:
@@ -306,6 +309,41 @@ def _decoded_frames(container: av.container.InputContainer, stream: av.audio.str
     if declared_s is not None and seconds < declared_s - _SHORTFALL_S:
         logger.warning("%s: decoded %.2f s of the %.2f s its header declares; the file looks truncated",
                        p, seconds, declared_s)
+
+
+def _wav_data_chunk(p: str) -> tuple[int, int, int] | None:
+    """(byte rate, data offset, declared data bytes) from a RIFF/WAVE header; None if it has no such chunks."""
+    with open(p, "rb") as f:
+        riff = f.read(12)  # "RIFF", size, "WAVE"
+        if riff[:4] != b"RIFF" or riff[8:12] != b"WAVE":
+            return None
+        byte_rate = None
+        while len(header := f.read(8)) == 8:
+            chunk, size = header[:4], struct.unpack("<I", header[4:])[0]
+            if chunk == b"fmt " and size >= 12:
+                byte_rate = struct.unpack("<I", f.read(12)[8:12])[0]
+                f.seek(size - 12 + (size & 1), os.SEEK_CUR)
+            elif chunk == b"data":
+                return (byte_rate, f.tell(), size) if byte_rate else None
+            else:
+                f.seek(size + (size & 1), os.SEEK_CUR)  # chunks are word-aligned
+    return None
+
+
+def _warn_if_wav_truncated(p: str) -> None:
+    """FFmpeg takes a WAV's length from the file's size, so a cut-off file decodes without complaint;
+    its data chunk still declares the full length. 0 and 0xFFFFFFFF mean "unknown" (streamed writers)."""
+    try:
+        found = _wav_data_chunk(p)
+    except (OSError, struct.error):
+        return
+    if found is None or found[2] in (0, 0xFFFFFFFF):
+        return
+    byte_rate, offset, declared = found
+    present = os.path.getsize(p) - offset
+    if declared - present > _SHORTFALL_S * byte_rate:
+        logger.warning("%s: holds %.2f s of the %.2f s its header declares; the file looks truncated",
+                       p, present / byte_rate, declared / byte_rate)
 
 
 def _resampled(frames: Iterable[av.AudioFrame]) -> Iterator[np.ndarray]:

