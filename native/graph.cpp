@@ -104,15 +104,6 @@ ggml_tensor * attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, gg
     return ggml_reshape_2d(ctx, out, n_state, n_q);     // out is [head_dim, n_head, n_q], contiguous
 }
 
-// Whisper was trained with the exact (erf) GELU (ref: openai-whisper model.py, nn.GELU()). ggml-cpu computes
-// ggml_gelu_erf with one libm erff call per element (~9 % of the tiny.en encoder's CPU time), ggml_gelu (tanh
-// form) with a 64 K-entry table indexed by the f16 input. The forms differ by < 5e-4; whisper.cpp uses the
-// tanh form too. Measured: encoder -10 %, WER of the dev clips unchanged within one word
-// (bench/results/speed-ablation.md).
-ggml_tensor * gelu(ggml_context * ctx, ggml_tensor * x) {
-    return ggml_gelu(ctx, x);
-}
-
 // Encoder self-attention K or V, [n_state, n] -> [head_dim, n, n_head]. Flash attention on GPUs takes f16
 // (or quantised) K/V. ggml-cpu's tiled flash attention converts f16 K/V back to f32 for every 64-query tile
 // (24 times per head at 1500 positions), so on the CPU the f32 projection is passed as a view: no cast, no copy.
@@ -122,7 +113,10 @@ ggml_tensor * attention_kv(ggml_context * ctx, ggml_tensor * x, int n_head, bool
 }
 
 ggml_tensor * mlp(ggml_context * ctx, ggml_tensor * x, const mlp_weights & w) {
-    x = gelu(ctx, linear(ctx, x, w.fc1_w, w.fc1_b));
+    // Whisper's MLP uses the exact (erf) GELU (ref: openai-whisper model.py, nn.GELU()). ggml_gelu (tanh
+    // form, f16 table, as whisper.cpp uses) makes the tiny.en encoder ~10 % faster on the CPU, but beam 5
+    // then lost a word on the dev clips (bench/results/speed-ablation.md), so the exact form stays.
+    x = ggml_gelu_erf(ctx, linear(ctx, x, w.fc1_w, w.fc1_b));
     return linear(ctx, x, w.fc2_w, w.fc2_b);
 }
 
@@ -178,8 +172,8 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
     ggml_set_input(res->mel);
 
     // conv stem: [2n, n_mels] -> [2n, n_state] -> (stride 2) [n, n_state]
-    ggml_tensor * x = gelu(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv1_w, res->mel, 1, 1), m.conv1_b));
-    x = gelu(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv2_w, x, 2, 1), m.conv2_b));
+    ggml_tensor * x = ggml_gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv1_w, res->mel, 1, 1), m.conv1_b));
+    x = ggml_gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv2_w, x, 2, 1), m.conv2_b));
     ggml_tensor * pos = ggml_view_2d(ctx, m.enc_pos, m.enc_pos->ne[0], n_ctx, m.enc_pos->nb[1], 0);
     x = ggml_add(ctx, ggml_cont(ctx, ggml_transpose(ctx, x)), pos);  // [n_state, n_ctx]
 
