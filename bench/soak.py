@@ -242,11 +242,26 @@ def soak_files(model: WhisperModel, n_files: int, cancel_rate: float, seed: int)
 # -- report ----------------------------------------------------------------------------------------
 
 
+RSS_BLOCK_S = 1200.0  # the live part's RSS trend is shown as one median per 20 minutes of wall time
+
+
+def rss_block_medians(samples: list[tuple[float, float]]) -> list[float]:
+    """Median RSS of each RSS_BLOCK_S of wall time: a leak shows as a rising sequence."""
+    blocks: dict[int, list[float]] = {}
+    for t, mb in samples:
+        blocks.setdefault(int(t // RSS_BLOCK_S), []).append(mb)
+    return [float(np.median(blocks[k])) for k in sorted(blocks)]
+
+
+def _threads(part: dict) -> str:
+    return f"{part.get('threads') or 'auto'} thread(s)"
+
+
 def markdown(report: dict) -> str:
-    parts = [f"# Soak ({report['model']}, {report['device']}, {report['threads'] or 'auto'} threads)", ""]
+    parts = [f"# Soak ({report['model']}, {report['device']})", ""]
     if report.get("live"):
         lv = report["live"]
-        parts += [f"## Live: {lv['minutes']:g} minutes of dev clips at speed 0 (RSS sampled every "
+        parts += [f"## Live: {lv['minutes']:g} minutes of dev clips at speed 0, {_threads(lv)} (RSS sampled every "
                   f"{report['rss_every_s']:g} s)", "", md_table(
                       ("audio s", "wall s", "RTF", "steps", "RSS start MiB", "RSS end MiB", "RSS max MiB",
                        "peak RSS MiB", "dropped blocks", "committed words", "WER %", "errors"),
@@ -254,14 +269,16 @@ def markdown(report: dict) -> str:
                         fmt(lv["rss_start_mb"], 0), fmt(lv["rss_end_mb"], 0), fmt(lv["rss_max_mb"], 0),
                         fmt(lv["peak_rss_mb"], 0), lv["dropped_blocks"], lv["committed_words"],
                         fmt(lv["wer"] * 100 if lv["wer"] is not None else None, 1), len(lv["errors"]))]), ""]
+        parts += [f"RSS median per {RSS_BLOCK_S // 60:.0f} min of wall time (MiB): "
+                  + ", ".join(fmt(m, 0) for m in rss_block_medians(lv["rss_samples"])), ""]
         if lv["stopped_early"]:
             parts += [f"Stopped early by --max-wall-min after {lv['audio_s'] / 60:.1f} of {lv['minutes']:g} minutes "
                       "of audio.", ""]
         parts += [f"Machine: {lv.get('machine')}", ""]
     if report.get("files"):
         fl = report["files"]
-        parts += [f"## Files: {fl['files']} dev clips back to back, cancel rate {report['cancel_rate']:g} "
-                  f"(seed {report['seed']})", "", md_table(
+        parts += [f"## Files: {fl['files']} dev clips back to back, {_threads(fl)}, cancel rate "
+                  f"{report['cancel_rate']:g} (seed {report['seed']})", "", md_table(
                       ("files", "completed", "cancelled", "cancel latency median / max s", "failures", "wall s",
                        "RSS start MiB", "RSS end MiB", "RSS max MiB", "WER completed %"),
                       [(fl["files"], fl["completed"], fl["cancelled"],
@@ -270,8 +287,8 @@ def markdown(report: dict) -> str:
                         fmt(fl["rss_start_mb"], 0), fmt(fl["rss_end_mb"], 0), fmt(fl["rss_max_mb"], 0),
                         fmt(fl["wer_completed"] * 100 if fl["wer_completed"] is not None else None, 1))]), "",
                   f"Machine: {fl.get('machine')}", ""]
-    parts.append("Two hours of live speech, as the issue asks: "
-                 "`nice -n 5 .venv/bin/python bench/soak.py --minutes 120 --files 0 --update`.")
+    parts.append("Commands: `nice -n 5 .venv/bin/python bench/soak.py --minutes 120 --files 0 --threads 1 --update` "
+                 "(live), `.venv/bin/python bench/soak.py --minutes 0 --files 50 --update` (files).")
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -304,13 +321,14 @@ def main(argv: list[str] | None = None) -> int:
               "rss_after_load_mb": rss_mb(), "files": previous.get("files"), "live": previous.get("live")}
     if args.files:
         machine = machine_info()  # before the run: loadavg_start is the load the run started under
-        report["files"] = {**soak_files(model, args.files, args.cancel_rate, args.seed), "machine": machine}
+        report["files"] = {**soak_files(model, args.files, args.cancel_rate, args.seed), "machine": machine,
+                           "threads": args.threads}
         write(report, args.out)
     if args.minutes:
         machine = machine_info()
         max_wall_s = args.max_wall_min * 60 if args.max_wall_min else None
         live = soak_live(model, args.minutes, args.rss_every, StreamOptions(step_s=args.step), max_wall_s)
-        report["live"] = {**live, "step_s": args.step, "machine": machine}
+        report["live"] = {**live, "step_s": args.step, "machine": machine, "threads": args.threads}
         write(report, args.out)
     print(markdown(report))
     return 0
