@@ -31,7 +31,6 @@ CLIP = "en_librivox_shakespeare_sonnet001.16k.wav"
 WORKER = """
 import json, os, sys
 import numpy as np
-from aural import _native
 from aural.engine.audio import load_audio
 from aural.engine.features import N_SAMPLES, pad_or_trim, window_mel
 from aural.engine.models import resolve_model

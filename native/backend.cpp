@@ -171,26 +171,25 @@ bool env_flag(const char * name) {
     return v && *v && std::string(v) != "0";
 }
 
-void set_backend_threads(ggml_backend_t backend, int n_threads) {
+namespace {
+
+// A backend's optional entry point `name` (ggml_backend_reg_get_proc_address), cast to F; null if it has none.
+template <typename F> F backend_proc(ggml_backend_t backend, const char * name) {
     ggml_backend_dev_t dev = ggml_backend_get_device(backend);
     ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
-    if (!reg) {
-        return;
-    }
-    using set_threads_t = void (*)(ggml_backend_t, int);
-    auto fn = reinterpret_cast<set_threads_t>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads"));
-    if (fn) {
+    return reg ? reinterpret_cast<F>(ggml_backend_reg_get_proc_address(reg, name)) : nullptr;
+}
+
+}  // namespace
+
+void set_backend_threads(ggml_backend_t backend, int n_threads) {
+    if (auto fn = backend_proc<ggml_backend_set_n_threads_t>(backend, "ggml_backend_set_n_threads")) {
         fn(backend, n_threads);
     }
 }
 
 void set_backend_abort_flag(ggml_backend_t backend, const std::atomic<bool> * flag) {
-    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
-    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
-    auto fn = reg ? reinterpret_cast<ggml_backend_set_abort_callback_t>(
-                        ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_abort_callback"))
-                  : nullptr;
-    if (fn) {
+    if (auto fn = backend_proc<ggml_backend_set_abort_callback_t>(backend, "ggml_backend_set_abort_callback")) {
         fn(backend, [](void * data) { return static_cast<const std::atomic<bool> *>(data)->load(); },
            const_cast<std::atomic<bool> *>(flag));
     }

@@ -114,7 +114,7 @@ ggml_tensor * attention_kv(ggml_context * ctx, ggml_tensor * x, int n_head, bool
 
 ggml_tensor * mlp(ggml_context * ctx, ggml_tensor * x, const mlp_weights & w) {
     // Whisper's MLP uses the exact (erf) GELU (ref: openai-whisper model.py, nn.GELU()). ggml_gelu (tanh
-    // form, f16 table, as whisper.cpp uses) makes the tiny.en encoder ~10 % faster on the CPU, but beam 5
+    // form, f16 table, as whisper.cpp uses) makes the tiny.en encoder 17 % faster on the CPU, but beam 5
     // then lost a word on the dev clips (bench/results/speed-ablation.md), so the exact form stays.
     x = ggml_gelu_erf(ctx, linear(ctx, x, w.fc1_w, w.fc1_b));
     return linear(ctx, x, w.fc2_w, w.fc2_b);
