@@ -2,7 +2,9 @@
 """Aural against its peers on the same tiny.en weights: speed, memory and accuracy (`make bench`).
 
 Engines (2 threads each unless --threads): Aural f16 with its KV cache on the device and on the host,
-Aural q8_0 (the same weights quantised by Aural's converter), faster-whisper (CTranslate2) int8 and
+Aural q8_0 (the same weights quantised by Aural's converter), Aural f16 with every window padded to 30 s
+(`audio_ctx="full"`, as openai-whisper; the default encodes a window with less audio, a short clip or
+the end of a long one, with a shorter context), faster-whisper (CTranslate2) int8 and
 float32 reading the very tiny.en CTranslate2 directory Aural converts from, and whisper.cpp
 (pywhispercpp) on the ggml .bin exported from Aural's GGUF. Greedy and beam 5 (beams batched as
 sequences of one KV arena in Aural).
@@ -96,6 +98,9 @@ def build_configs(models: dict[str, str], args: argparse.Namespace) -> list[Conf
         configs.append(Config(f"aural-q8_0{sfx}", "Aural q8_0 (KV device)", "aural", mode, False,
                               {"model": models["gguf_q8_0"], "kv_mode": "device", "device": args.aural_device,
                                "beam": b}))
+        configs.append(Config(f"aural-full{sfx}", "Aural (KV device, 30 s windows)", "aural", mode, False,
+                              {"model": models["gguf"], "kv_mode": "device", "device": args.aural_device,
+                               "beam": b, "audio_ctx": "full"}))
         if mode == "greedy":
             configs.append(Config("aural-host", "Aural (KV host)", "aural", mode, False,
                                   {"model": models["gguf"], "kv_mode": "host", "device": args.aural_device,

@@ -70,6 +70,8 @@ class AuralEngine:
             kwargs["beam_size"] = self.beam
         if spec.get("word_timestamps"):
             kwargs["word_timestamps"] = True
+        if "audio_ctx" in spec and "audio_ctx" in fields:
+            kwargs["audio_ctx"] = spec["audio_ctx"]
         self.options = TranscribeOptions(**kwargs)
         self.kv_mode = spec.get("kv_mode", "device")
         self.model = WhisperModel(spec["model"], device=spec.get("device", "auto"), n_threads=int(spec["threads"]))
@@ -100,6 +102,7 @@ class AuralEngine:
             "out_tokens": sum(len(s.tokens) for s in segments),
             "decode_steps": t["n_decode_calls"],
             "encoder_ms": t["encoder_ms_list"],
+            "encoder_frames": t.get("encoder_frames_list", []),
             "native_token_ms": per_call,
             "native": {k: t[k] for k in ("compute_ms", "kv_io_ms", "kv_io_bytes", "logits_ms", "sampling_ms",
                                          "n_decode_calls", "n_tokens", "graph_builds", "graph_reuses",

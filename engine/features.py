@@ -9,6 +9,7 @@ whisper/audio.py unless stated otherwise.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -20,6 +21,8 @@ __all__ = [
     "CHUNK_LENGTH",
     "N_SAMPLES",
     "N_FRAMES",
+    "AUDIO_CTX_MODES",
+    "context_frames",
     "mel_filters",
     "log_mel_spectrogram",
     "pad_or_trim",
@@ -28,8 +31,12 @@ __all__ = [
 N_FFT = 400  # 25 ms window at 16 kHz
 HOP_LENGTH = 160  # 10 ms hop: 100 frames per second
 CHUNK_LENGTH = 30  # seconds of audio in one encoder window
-N_SAMPLES = CHUNK_LENGTH * 16000  # 480000 samples in a 30 s window
+SAMPLE_RATE = 16000
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a 30 s window
+# "full": every window is padded to 30 s, as Whisper was trained; "auto": a window with less audio
+# encodes a shorter context (see context_frames).
+AUDIO_CTX_MODES = ("auto", "full")
 
 # Slaney's auditory-toolbox mel scale (librosa's default, htk=False): linear at 200/3 Hz per mel below
 # 1 kHz, logarithmic above, with 27 mels per factor 6.4 in frequency.
@@ -130,6 +137,16 @@ def window_mel(samples: np.ndarray, filters: np.ndarray, n_frames: int = N_FRAME
     padding = max(0, n_frames * HOP_LENGTH - samples.size)
     mel = log_mel_spectrogram(samples, filters=filters, padding=padding)
     return np.ascontiguousarray(mel[:, :n_frames], dtype=np.float32)
+
+
+def context_frames(n_samples: int, *, pad_s: float, bucket_s: float, min_s: float = 0.0) -> int:
+    """Mel frames to encode for `n_samples` of audio in a shortened encoder context (ref: whisper.cpp
+    `audio_ctx`): the audio plus `pad_s` of zeros, at least `min_s`, rounded up to whole buckets of
+    `bucket_s` (an even number of frames, two per encoder position), at most N_FRAMES. The encoder's cost
+    falls with its context (attention quadratically); buckets bound how often its graph is rebuilt."""
+    bucket = 2 * math.ceil(bucket_s * SAMPLE_RATE / HOP_LENGTH / 2)
+    needed = max(min_s * SAMPLE_RATE, n_samples + pad_s * SAMPLE_RATE) / HOP_LENGTH
+    return min(N_FRAMES, bucket * math.ceil(needed / bucket))
 
 
 def pad_or_trim(array: np.ndarray, length: int = N_SAMPLES, axis: int = -1) -> np.ndarray:

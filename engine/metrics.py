@@ -71,9 +71,11 @@ class Timings:
         audio_s: seconds of audio transcribed.
         wall_s: wall time from the start of transcription to its last segment.
         rtf: real-time factor, wall_s / audio_s (below 1 is faster than real time).
-        n_windows: 30 s windows encoded.
+        n_windows: windows encoded (each up to 30 s of audio).
         encoder_ms: mean encoder time per window.
         encoder_ms_list: encoder time of each window, in order.
+        encoder_frames_list: mel frames each window was encoded with, in order (3000 = the full 30 s;
+            fewer for a shortened context, see TranscribeOptions.audio_ctx).
         n_decode_calls: decoder calls, one per sampled token plus one prompt batch per attempt.
         n_tokens: tokens fed to the decoder.
         compute_ms: mean native compute time per decode call (per token).
@@ -98,6 +100,7 @@ class Timings:
     n_windows: int = 0
     encoder_ms: float = 0.0
     encoder_ms_list: list[float] = field(default_factory=list)
+    encoder_frames_list: list[int] = field(default_factory=list)
     n_decode_calls: int = 0
     n_tokens: int = 0
     compute_ms: float = 0.0
@@ -114,8 +117,9 @@ class Timings:
     kv_mode: str = ""
     peak_rss_mb: float = 0.0
 
-    def add_window(self, encoder_ms: float) -> None:
+    def add_window(self, encoder_ms: float, frames: int) -> None:
         self.encoder_ms_list.append(float(encoder_ms))
+        self.encoder_frames_list.append(int(frames))
         self.n_windows = len(self.encoder_ms_list)
         self.encoder_ms = sum(self.encoder_ms_list) / self.n_windows
 

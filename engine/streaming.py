@@ -37,7 +37,7 @@ import numpy as np
 
 from .decoding import DecodingOptions, DecodingResult, decode_window
 from .errors import AuralError
-from .features import HOP_LENGTH, N_FRAMES, N_SAMPLES, window_mel
+from .features import AUDIO_CTX_MODES, N_FRAMES, N_SAMPLES, context_frames, window_mel
 from .metrics import TokenTimer, peak_rss_mb
 from .runtime import WhisperModel
 from .tokenizer import TIME_PRECISION, WhisperTokenizer
@@ -48,7 +48,6 @@ __all__ = ["Partial", "Commit", "Metrics", "Error", "Event", "StreamOptions", "e
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
-AUDIO_CTX_MODES = ("auto", "full")
 # Most tokens one step may sample: 10 per second of window plus 16. Fast English speech is about 4-5
 # words/s, ~1.3 BPE tokens per word, plus a timestamp pair per segment; a repetition loop would
 # otherwise run to openai-whisper's 224-token sample_len (~4 s of decoding on one CPU thread) before
@@ -347,12 +346,10 @@ def _agreement(previous: Sequence[_Word], current: Sequence[_Word]) -> int:
 
 def _context_frames(n_samples: int, options: StreamOptions) -> int:
     """Mel frames to encode for a window of `n_samples`: all 3000 in "full" mode, else the window
-    plus the padding, rounded up to the bucket, an even number (two frames per encoder position)."""
+    plus the padding, rounded up to the bucket."""
     if options.audio_ctx == "full":
         return N_FRAMES
-    bucket = 2 * math.ceil(options.audio_ctx_bucket_s * SAMPLE_RATE / HOP_LENGTH / 2)
-    needed = (n_samples + options.audio_ctx_pad_s * SAMPLE_RATE) / HOP_LENGTH
-    return min(N_FRAMES, bucket * math.ceil(needed / bucket))
+    return context_frames(n_samples, pad_s=options.audio_ctx_pad_s, bucket_s=options.audio_ctx_bucket_s)
 
 
 # -- the stream ------------------------------------------------------------------------------------

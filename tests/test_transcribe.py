@@ -12,7 +12,7 @@ from conftest import english_dev_clips
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine.audio import load_audio
-from aural.engine.features import N_SAMPLES
+from aural.engine.features import N_FRAMES, N_SAMPLES
 from aural.engine.decoding import DecodingResult
 from aural.engine import transcribe as transcribe_module
 from aural.engine.transcribe import (
@@ -78,6 +78,8 @@ def test_jfk_transcribes_to_the_reference_words(whisper_model, jfk_wav):
     assert normalize(text) == normalize(JFK)
     assert result.info.language == "en" and result.info.duration_s == pytest.approx(11.0)
     assert result.timings.n_windows == 1 and result.timings.audio_s == pytest.approx(11.0)
+    # 11 s of audio + 4 s of padding = 15 s, the shortened context's floor: 1500 mel frames, not 3000.
+    assert result.timings.encoder_frames_list == [1500]
     assert segments[0].start == 0.0 and segments[-1].end <= 11.0
     assert [s.id for s in segments] == list(range(len(segments)))
 
@@ -88,6 +90,22 @@ def test_wer_on_the_english_clips(device_runs, clips):
     wer = jiwer.wer(references, hypotheses)
     print(f"WER over {len(clips)} clips: {wer:.2%}")
     assert wer <= WER_BOUND
+
+
+def test_a_shortened_context_keeps_the_wer_of_30_s_windows(whisper_model, device_runs, clips):
+    """audio_ctx="auto" (the default) encodes the clips under 30 s (all but the sonnet) and the sonnet's last window
+    with 15-29 s contexts instead of 30 s: it may only be the default while the words hold (bench/results/wer.md)."""
+    references = [normalize(c.reference) for c in clips]
+    full_runs = {c.path.name: _run(whisper_model, c.path, options=TranscribeOptions(audio_ctx="full")) for c in clips}
+    for name, (_, result) in full_runs.items():
+        assert set(result.timings.encoder_frames_list) == {N_FRAMES}, name
+        *whole, last = device_runs[name][1].timings.encoder_frames_list
+        assert set(whole) <= {N_FRAMES} and 1500 <= last < N_FRAMES, name
+
+    def wer(runs):
+        return jiwer.wer(references, [normalize("".join(s.text for s in runs[c.path.name][0])) for c in clips])
+
+    assert wer(device_runs) <= wer(full_runs) + 0.005  # at most one word in 286 worse
 
 
 # -- KV modes and graph reuse ----------------------------------------------------------------------
@@ -144,6 +162,9 @@ def test_three_minutes_in_several_windows(whisper_model, three_minutes):
     segments = list(result)
     assert result.timings.n_windows >= 6
     assert result.timings.audio_s == pytest.approx(180.0)
+    # Every window but the last holds 30 s of audio; the last holds what is left.
+    frames = result.timings.encoder_frames_list
+    assert frames[:-1] == [N_FRAMES] * (len(frames) - 1) and 1500 <= frames[-1] <= N_FRAMES
     assert len(segments) > 20
     previous_end = 0.0
     for segment in segments:
