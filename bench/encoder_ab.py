@@ -56,8 +56,9 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
     return name, python, dict(pair.split("=", 1) for pair in pairs)
 
 
-def run_once(python: str, env: dict[str, str], clip: Path, threads: int, reps: int) -> dict:
-    out = subprocess.run([python, "-c", WORKER, str(clip), str(threads), str(reps)], env={**os.environ, **env},
+def run_once(python: str, env: dict[str, str], worker: str, *args: object) -> dict:
+    """Runs `worker` (Python source) under `python` with `env` and `args`; returns its last line, parsed as JSON."""
+    out = subprocess.run([python, "-c", worker, *map(str, args)], env={**os.environ, **env},
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{python}: {out.stderr[-2000:]}")
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         loads.append(os.getloadavg()[0])
         for name, python, env in variants:
-            runs[name].append(run_once(python, env, clip, args.threads, args.reps))
+            runs[name].append(run_once(python, env, WORKER, clip, args.threads, args.reps))
             print(f"round {r + 1} {name}: {[round(t) for t in runs[name][-1]['encoder_ms']]}", flush=True)
     first = variants[0][0]
     rows, summary = [], {}

@@ -199,13 +199,28 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
     return res;
 }
 
-// softmax(q k^T / sqrt(head_dim)) over the audio positions, for the given heads of one layer:
-// q [n_state, n_tokens], k [head_dim, n_cross, n_head] -> [n_cross, n_tokens, heads.size()].
-ggml_tensor * cross_weights(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, const std::vector<int> & heads,
-                            int n_head) {
-    const float scale = 1.0f / std::sqrt(static_cast<float>(q->ne[0] / n_head));
+// Cross-attention of the decoder tokens over the window's audio positions, as two matrix products:
+// q [n_state, n_tokens], k [head_dim, n_cross, n_head], vt [n_cross, head_dim, n_head] -> [n_state, n_tokens],
+// and the softmaxed weights [n_cross, n_tokens, n_head] in *weights. Unlike flash attention, which walks
+// the audio positions one at a time with an online softmax for every query row, this reads K and V^T once per
+// step for every token of the batch (beams) and sums over positions with long dot products: on the CPU it
+// takes ~1 ms/token less at 1500 positions (bench/results/speed-ablation.md). The weights it materialises
+// also give the alignment heads.
+ggml_tensor * cross_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * vt, int n_head,
+                              ggml_tensor ** weights) {
+    const int64_t n_state = q->ne[0], n_tokens = q->ne[1];
+    const float scale = 1.0f / std::sqrt(static_cast<float>(n_state / n_head));
     ggml_tensor * kq = ggml_mul_mat(ctx, k, split_heads(ctx, q, n_head));  // [n_cross, n_tokens, n_head]
+    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
     kq = ggml_soft_max_ext(ctx, kq, nullptr, scale, 0.0f);
+    *weights = kq;
+    ggml_tensor * kqv = ggml_mul_mat(ctx, vt, kq);  // [head_dim, n_tokens, n_head]
+    ggml_mul_mat_set_prec(kqv, GGML_PREC_F32);
+    return ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3)), n_state, n_tokens);
+}
+
+// The given heads of softmaxed cross-attention weights [n_cross, n_tokens, n_head] -> [n_cross, n_tokens, heads].
+ggml_tensor * select_heads(ggml_context * ctx, ggml_tensor * kq, const std::vector<int> & heads) {
     ggml_tensor * out = nullptr;
     for (int h : heads) {
         ggml_tensor * w = ggml_view_3d(ctx, kq, kq->ne[0], kq->ne[1], 1, kq->nb[1], kq->nb[2], h * kq->nb[2]);
@@ -252,16 +267,17 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
 
         cur = layer_norm(ctx, x, l.cross_ln);
         q = linear(ctx, cur, l.cross.q_w, l.cross.q_b);
-        ggml_tensor * ck = kv.get_cross_k(ctx, il, p.n_cross);
+        ggml_tensor * kq = nullptr;
+        cur = cross_attention(ctx, q, kv.get_cross_k(ctx, il, p.n_cross), kv.get_cross_v(ctx, il, p.n_cross), n_head,
+                              &kq);
         std::vector<int> layer_heads;
         for (const align_head & h : heads) {
             if (h.layer == static_cast<int>(il)) layer_heads.push_back(h.head);
         }
         if (!layer_heads.empty()) {
-            ggml_tensor * w = cross_weights(ctx, q, ck, layer_heads, n_head);
+            ggml_tensor * w = select_heads(ctx, kq, layer_heads);
             res->cross_qk = res->cross_qk ? ggml_concat(ctx, res->cross_qk, w, 2) : w;
         }
-        cur = attention(ctx, q, ck, kv.get_cross_v(ctx, il, p.n_cross), nullptr, n_head);
         x = ggml_add(ctx, x, linear(ctx, cur, l.cross.o_w, l.cross.o_b));
 
         x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp));

@@ -86,7 +86,7 @@ constexpr size_t max_graph_nodes = 8192;
 std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv, uint32_t n_ctx);
 // Decoder: token batch -> logits of the requested outputs; writes the batch's K/V into `kv`.
 // With `heads`, also outputs the softmaxed cross-attention weights of those heads (`cross_qk`),
-// computed without flash attention since that never materialises them.
+// which the cross-attention materialises anyway (it runs as matrix products, not flash attention).
 std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p,
                                             const std::vector<align_head> & heads = {});
 

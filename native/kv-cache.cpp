@@ -57,7 +57,10 @@ ggml_tensor * kv_cache::get_cross_k(ggml_context * ctx, int il, uint32_t n_rows)
     return heads_view(ctx, ck_[il], n_rows);
 }
 ggml_tensor * kv_cache::get_cross_v(ggml_context * ctx, int il, uint32_t n_rows) const {
-    return heads_view(ctx, cv_[il], n_rows);
+    // The window's V^T is packed at the start of the tensor: [n_rows, n_state] seen as [n_rows, hd, n_head].
+    const int64_t hd = n_state_ / n_head_;
+    const size_t row = n_rows * ggml_element_size(cv_[il]);
+    return ggml_view_3d(ctx, cv_[il], n_rows, hd, n_head_, row, hd * row, 0);
 }
 
 ggml_tensor * kv_cache::cpy_k(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const {
@@ -70,7 +73,9 @@ ggml_tensor * kv_cache::cpy_cross_k(ggml_context * ctx, ggml_tensor * cur, int i
     return ggml_cpy(ctx, cur, ggml_view_2d(ctx, ck_[il], n_state_, cur->ne[1], ck_[il]->nb[1], 0));
 }
 ggml_tensor * kv_cache::cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int il) const {
-    return ggml_cpy(ctx, cur, ggml_view_2d(ctx, cv_[il], n_state_, cur->ne[1], cv_[il]->nb[1], 0));
+    const int64_t n_rows = cur->ne[1];
+    ggml_tensor * dst = ggml_view_2d(ctx, cv_[il], n_rows, n_state_, n_rows * ggml_element_size(cv_[il]), 0);
+    return ggml_cpy(ctx, ggml_transpose(ctx, cur), dst);
 }
 
 std::vector<int64_t> kv_cache::apply(const kv_update & u) {

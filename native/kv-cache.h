@@ -50,7 +50,10 @@ class kv_cache {
     kv_cache(const kv_cache &) = delete;
     kv_cache & operator=(const kv_cache &) = delete;
 
-    // Views for graph builders, laid out for ggml_flash_attn_ext: [head_dim, n_rows, n_head].
+    // Views for graph builders. Self K/V and cross K are laid out for ggml_flash_attn_ext and ggml_mul_mat:
+    // [head_dim, n_rows, n_head]. Cross V is stored transposed, packed for the window's n_rows
+    // (n_rows x n_state elements, so the same bytes as row-major V), and viewed as [n_rows, head_dim,
+    // n_head]: the weighted sum over audio positions is then one ggml_mul_mat per head.
     ggml_tensor * get_k(ggml_context * ctx, int il) const;
     ggml_tensor * get_v(ggml_context * ctx, int il) const;
     ggml_tensor * get_cross_k(ggml_context * ctx, int il, uint32_t n_rows) const;
@@ -58,7 +61,7 @@ class kv_cache {
     // Graph ops writing new rows: cur [n_state, n_tokens] f32 -> rows `idxs` (i64 [n_tokens]).
     ggml_tensor * cpy_k(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const;
     ggml_tensor * cpy_v(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const;
-    // Graph ops writing a window's cross K/V: cur [n_state, n_rows] f32 -> rows [0, n_rows).
+    // Graph ops writing a window's cross K/V: cur [n_state, n_rows] f32 -> rows [0, n_rows) (V transposed).
     ggml_tensor * cpy_cross_k(ggml_context * ctx, ggml_tensor * cur, int il) const;
     ggml_tensor * cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int il) const;
 
@@ -94,7 +97,7 @@ class kv_cache {
     ggml_context * ctx_ = nullptr;
     ggml_backend_buffer_t buffer_ = nullptr;
     std::vector<ggml_tensor *> k_, v_;    // per layer [n_state, n_ctx]
-    std::vector<ggml_tensor *> ck_, cv_;  // per layer [n_state, n_audio_ctx]
+    std::vector<ggml_tensor *> ck_, cv_;  // per layer [n_state, n_audio_ctx]; cv_ holds V^T (see get_cross_v)
     std::vector<std::vector<uint8_t>> host_k_, host_v_, host_ck_, host_cv_;
 
     ggml_tensor * heads_view(ggml_context * ctx, ggml_tensor * t, int64_t n_rows) const;
