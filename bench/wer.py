@@ -12,7 +12,7 @@ one call for every beam, and every step after the first two reuses one decoder g
 
 Outputs bench/results/wer.json and bench/results/wer.md.
 
-    .venv/bin/python bench/wer.py                    # aural, aural-beam5, fw-int8, fw-int8-beam5
+    .venv/bin/python bench/wer.py                    # aural, aural-full (30 s windows), fw-int8; greedy and beam 5
     .venv/bin/python bench/wer.py --extra            # also aural-host, fw-f32, whispercpp (greedy and beam 5)
     .venv/bin/python bench/wer.py --engines whispercpp,whispercpp-beam5 --name wer-whispercpp
     .venv/bin/python bench/wer.py --render           # redraw wer.md from wer.json
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from common import RESULTS, aural_python, fmt, md_table, run_prep, run_worker, word_errors  # noqa: E402
 
-BASE = ("aural", "aural-beam5", "fw-int8", "fw-int8-beam5")
+BASE = ("aural", "aural-beam5", "aural-full", "aural-full-beam5", "fw-int8", "fw-int8-beam5")
 EXTRA = ("aural-host", "fw-f32", "whispercpp", "fw-f32-beam5", "whispercpp-beam5")
 
 
@@ -41,6 +41,9 @@ def configs(models: dict[str, str], device: str) -> dict[str, tuple[str, str, di
     greedy = {
         "aural": ("Aural greedy (KV device)", aural_python(),
                   {"engine": "aural", "model": models["gguf"], "kv_mode": "device", "device": device}),
+        "aural-full": ("Aural greedy, 30 s windows (KV device)", aural_python(),
+                       {"engine": "aural", "model": models["gguf"], "kv_mode": "device", "device": device,
+                        "audio_ctx": "full"}),
         "aural-host": ("Aural greedy (KV host)", aural_python(),
                        {"engine": "aural", "model": models["gguf"], "kv_mode": "host", "device": device}),
         "fw-int8": ("faster-whisper int8 greedy", bench_py,
@@ -51,7 +54,7 @@ def configs(models: dict[str, str], device: str) -> dict[str, tuple[str, str, di
                        {"engine": "whisper.cpp", "model": models["ggml"]}),
     }
     out = {k: (label, py, {**spec, "beam": 1}) for k, (label, py, spec) in greedy.items()}
-    for k in ("aural", "fw-int8", "fw-f32", "whispercpp"):
+    for k in ("aural", "aural-full", "fw-int8", "fw-f32", "whispercpp"):
         label, py, spec = greedy[k]
         out[f"{k}-beam5"] = (label.replace("greedy", "beam 5"), py, {**spec, "beam": 5})
     return out

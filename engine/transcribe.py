@@ -54,10 +54,11 @@ INPUT_STRIDE = 2
 # that passes the no-speech rule (-60 dB is FFmpeg silencedetect's default noise floor).
 SILENCE_PEAK = 10 ** (-60 / 20)
 # audio_ctx="auto": a window with under 30 s of audio (a short file, the last window of a long one)
-# encodes its audio plus AUDIO_CTX_PAD_S of zeros, at least AUDIO_CTX_MIN_S, in whole seconds. On the 18
-# English dev clips (tiny.en; bench/results/wer.md) this gave greedy 8.4 % / beam 5 6.6 % WER against
-# 8.7 % / 7.3 % with 30 s windows, in about half the time; contexts of 5-8 s made two of the shortest
-# clips (1.6 s, 2.8 s) loop ("five five five ..."), hence the floor, with a margin, at half of 30 s.
+# encodes its audio plus AUDIO_CTX_PAD_S of zeros, at least AUDIO_CTX_MIN_S, in whole seconds. tiny.en,
+# bench/results/ctx-sweep.md: on the 18 English dev clips greedy / beam 5 WER 8.4 / 6.3 % against 8.7 / 7.3 %
+# with 30 s windows, in about 60 % of the time; on the sonnet and the 1 and 5 min series 7.8 / 6.6 % against
+# 8.0 / 6.7 %. Without a floor, contexts of 5-8 s made the shortest clips (1.6 s, 2.8 s) loop ("five five
+# five ..."); a 10 s floor already held, 15 s keeps a margin.
 AUDIO_CTX_PAD_S = 4.0
 AUDIO_CTX_MIN_S = 15.0
 AUDIO_CTX_BUCKET_S = 1.0
