@@ -5,8 +5,10 @@ the current `seek` onward (at most one window ahead), and the log-mel of each wi
 that window is decoded, so memory stays flat however long the input is. Window placement, temperature
 fallback, the no-speech skip, segment cutting and prompt conditioning follow openai-whisper
 transcribe.py (`transcribe`) and faster-whisper transcribe.py (`generate_segments`). A window of digital
-silence is skipped before it is encoded (see SILENCE_PEAK). With `vad_filter` only the speech regions
-found by `vad_filter.py` are transcribed, and segment times are mapped back to the input's timeline.
+silence is skipped before it is encoded (see SILENCE_PEAK). A window holding less than 30 s of audio
+(a short input, the end of a long one) is encoded with a shorter context unless `audio_ctx="full"` (see
+AUDIO_CTX_MIN_S). With `vad_filter` only the speech regions found by `vad_filter.py` are transcribed, and
+segment times are mapped back to the input's timeline.
 """
 
 from __future__ import annotations
@@ -55,10 +57,10 @@ INPUT_STRIDE = 2
 SILENCE_PEAK = 10 ** (-60 / 20)
 # audio_ctx="auto": a window with under 30 s of audio (a short file, the last window of a long one)
 # encodes its audio plus AUDIO_CTX_PAD_S of zeros, at least AUDIO_CTX_MIN_S, in whole seconds. tiny.en,
-# bench/results/ctx-sweep.md: on the 18 English dev clips greedy / beam 5 WER 8.4 / 6.3 % against 8.7 / 7.3 %
-# with 30 s windows, in about 60 % of the time; on the sonnet and the 1 and 5 min series 7.8 / 6.6 % against
-# 8.0 / 6.7 %. Without a floor, contexts of 5-8 s made the shortest clips (1.6 s, 2.8 s) loop ("five five
-# five ..."); a 10 s floor already held, 15 s keeps a margin.
+# bench/results/ctx-sweep.md: on the 18 English dev clips greedy / beam 5 WER 8.4 / 6.3 % against 8.7 / 6.6 %
+# with 30 s windows, in about 65 % of the time; on the sonnet and the 1 and 5 min series 8.0 / 6.6 % against
+# 8.1 / 6.7 %. Without a floor, contexts of 5-8 s made the shortest clips (1.6 s, 2.8 s) loop ("5 5 5 ...",
+# "Go forward 10 meters." again and again); a 10 s floor already held, 15 s keeps a margin.
 AUDIO_CTX_PAD_S = 4.0
 AUDIO_CTX_MIN_S = 15.0
 AUDIO_CTX_BUCKET_S = 1.0
