@@ -127,7 +127,7 @@ def _add_decoding_arguments(group: Any) -> None:
     group.add_argument("--word-timestamps", action="store_true", help="give each segment's words their times (json)")
     group.add_argument("--audio-ctx", choices=["auto", "full"], default="auto",
                        help="auto: a window with under 30 s of audio (a short file, the end of a long one) is encoded "
-                            "with a shorter context, about twice as fast; full: always 30 s, as openai-whisper "
+                            "with a shorter context, faster at the same accuracy; full: always 30 s, as openai-whisper "
                             "(default: auto)")
 
 
