@@ -225,14 +225,20 @@ CASES = [
 ]
 
 
+CUT_GUESS = 3
+
+
 def check_transcript(case: Case, text: str) -> None:
     reference, hypothesis = words(JFK_TEXT), words(text)
     if case.expect == "speech":
         assert word_errors(reference, hypothesis) <= case.max_errors, text
     elif case.expect == "prefix":
-        # Cut at half the bytes: about half the sentence, and only its start; the last word may be cut.
+        # Cut at half the bytes, inside "ask not what": about half the sentence, and only its start. The model
+        # guesses at the cut word, with 30 s windows as a word ("why"), with the shortened context as a short
+        # phrase ("what happened to you."), so the last CUT_GUESS words are not compared.
         assert 1 < len(hypothesis) <= len(reference) - 5, text
-        assert word_errors(reference[:len(hypothesis) - 1], hypothesis[:-1]) <= 1, text
+        kept = hypothesis[:-CUT_GUESS]
+        assert len(kept) >= 4 and word_errors(reference[:len(kept)], kept) <= 1, text
     else:
         assert case.expect == "any"
 
