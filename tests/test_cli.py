@@ -426,9 +426,12 @@ def test_ctrl_c_exits_130_and_leaves_no_partial_file(cli_env, model_path, tmp_pa
     long_wav = tmp_path / "four_sonnets.wav"
     soundfile.write(long_wav, np.tile(sonnet, 4), 16000, subtype="PCM_16")
     out = tmp_path / "out"
+    # A shell without job control starts background jobs with SIGINT ignored, and a Python started so keeps
+    # ignoring it (as nohup intends); the child gets the default disposition, as from a terminal.
     proc = subprocess.Popen(
         [sys.executable, "-m", "aural.engine.cli", "transcribe", long_wav, "-o", out, "-m", model_path],
         stderr=subprocess.PIPE, text=True, env=cli_env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     first = proc.stderr.readline()  # the progress line at ~10 %: the transcription is under way
     assert "four_sonnets.wav [" in first, first
