@@ -43,8 +43,7 @@ LAYOUTS = ("q8_0 output projection", "q8_0 decoder")
 def load_sets() -> dict[str, list[tuple[str, np.ndarray, str]]]:
     """set name -> [(file key, 16 kHz samples, reference)]."""
     dev = [(c.name, np.load(prep.clip_audio(c)), c.reference) for c in common.english_dev_clips()]
-    sonnet = next(c for c in common.english_dev_clips() if "sonnet" in c.name)
-    long = [(sonnet.name, np.load(prep.clip_audio(sonnet)), sonnet.reference)]
+    long = [next(clip for clip in dev if "sonnet" in clip[0])]
     for target in (60, 300):
         path, reference, _ = prep.series_audio(target)
         long.append((path.stem, np.load(path), reference))

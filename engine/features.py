@@ -139,11 +139,14 @@ def window_mel(samples: np.ndarray, filters: np.ndarray, n_frames: int = N_FRAME
     return np.ascontiguousarray(mel[:, :n_frames], dtype=np.float32)
 
 
-def context_frames(n_samples: int, *, pad_s: float, bucket_s: float, min_s: float = 0.0) -> int:
-    """Mel frames to encode for `n_samples` of audio in a shortened encoder context (ref: whisper.cpp
-    `audio_ctx`): the audio plus `pad_s` of zeros, at least `min_s`, rounded up to whole buckets of
-    `bucket_s` (an even number of frames, two per encoder position), at most N_FRAMES. The encoder's cost
-    falls with its context (attention quadratically); buckets bound how often its graph is rebuilt."""
+def context_frames(n_samples: int, audio_ctx: str, *, pad_s: float, bucket_s: float, min_s: float = 0.0) -> int:
+    """Mel frames to encode for `n_samples` of audio: N_FRAMES in "full" mode; in "auto" mode a shortened
+    encoder context (ref: whisper.cpp `audio_ctx`): the audio plus `pad_s` of zeros, at least `min_s`, rounded
+    up to whole buckets of `bucket_s` (an even number of frames, two per encoder position), at most N_FRAMES.
+    The encoder's cost falls with its context (attention quadratically); buckets bound how often its graph is
+    rebuilt."""
+    if audio_ctx == "full":
+        return N_FRAMES
     bucket = 2 * math.ceil(bucket_s * SAMPLE_RATE / HOP_LENGTH / 2)
     needed = max(min_s * SAMPLE_RATE, n_samples + pad_s * SAMPLE_RATE) / HOP_LENGTH
     return min(N_FRAMES, bucket * math.ceil(needed / bucket))

@@ -37,7 +37,7 @@ import numpy as np
 
 from .decoding import DecodingOptions, DecodingResult, decode_window
 from .errors import AuralError
-from .features import AUDIO_CTX_MODES, N_FRAMES, N_SAMPLES, context_frames, window_mel
+from .features import AUDIO_CTX_MODES, N_SAMPLES, context_frames, window_mel
 from .metrics import TokenTimer, peak_rss_mb
 from .runtime import WhisperModel
 from .tokenizer import TIME_PRECISION, WhisperTokenizer
@@ -347,9 +347,8 @@ def _agreement(previous: Sequence[_Word], current: Sequence[_Word]) -> int:
 def _context_frames(n_samples: int, options: StreamOptions) -> int:
     """Mel frames to encode for a window of `n_samples`: all 3000 in "full" mode, else the window
     plus the padding, rounded up to the bucket."""
-    if options.audio_ctx == "full":
-        return N_FRAMES
-    return context_frames(n_samples, pad_s=options.audio_ctx_pad_s, bucket_s=options.audio_ctx_bucket_s)
+    return context_frames(n_samples, options.audio_ctx, pad_s=options.audio_ctx_pad_s,
+                          bucket_s=options.audio_ctx_bucket_s)
 
 
 # -- the stream ------------------------------------------------------------------------------------

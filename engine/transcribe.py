@@ -463,9 +463,8 @@ class _Run:
 
     def context_frames(self, n_samples: int) -> int:
         """Mel frames to encode for a window of `n_samples` of audio (see TranscribeOptions.audio_ctx)."""
-        if self.options.audio_ctx == "full":
-            return N_FRAMES
-        return context_frames(n_samples, pad_s=AUDIO_CTX_PAD_S, bucket_s=AUDIO_CTX_BUCKET_S, min_s=AUDIO_CTX_MIN_S)
+        return context_frames(n_samples, self.options.audio_ctx, pad_s=AUDIO_CTX_PAD_S, bucket_s=AUDIO_CTX_BUCKET_S,
+                              min_s=AUDIO_CTX_MIN_S)
 
     def decode(self, seek: int) -> DecodingResult:
         """Decodes the encoded window, falling back to higher temperatures while it fails."""

@@ -237,9 +237,10 @@ std::vector<ggml_tensor *> model::matmul_weights() const {
 // weights by rounding each activation to f16 and widening each weight in the kernel, f32 weights directly:
 // the tiny.en encoder takes 0.86x instead of 0.90x the time of the f16 K/V build per window (2 threads,
 // bench/results/encoder-ab.md), and is more exact. The cost is twice their memory, so only while the f32
-// copies stay within max_widened_bytes (tiny.en 31.5 MiB with the cross K/V; medium and large keep f16). The decoder's matrices stay as stored: one token
-// per step is bound by memory traffic, which f16 halves. Cross-attention K/V projections run once per window
-// in the encoder graph, so they count as encoder. env: AURAL_NO_WIDEN=1 keeps every matrix as stored.
+// copies stay within max_widened_bytes (tiny.en 31.5 MiB with the cross K/V; medium and large keep f16).
+// The decoder's matrices stay as stored: one token per step is bound by memory traffic, which f16 halves.
+// Cross-attention K/V projections run once per window in the encoder graph, so they count as encoder.
+// env: AURAL_NO_WIDEN=1 keeps every matrix as stored.
 void model::widen_encoder_projections() {
     constexpr size_t max_widened_bytes = 512u << 20;
     if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU || env_flag("AURAL_NO_WIDEN")) {

@@ -192,5 +192,6 @@ def test_pad_or_trim_mel_along_each_axis():
     (2.0, 4.0, 0.0, 600),      # no floor: just the audio and its padding
 ])
 def test_context_frames_cover_the_audio_the_padding_and_the_floor(seconds, pad_s, min_s, frames):
-    n = context_frames(round(seconds * 16000), pad_s=pad_s, bucket_s=1.0, min_s=min_s)
+    n = context_frames(round(seconds * 16000), "auto", pad_s=pad_s, bucket_s=1.0, min_s=min_s)
     assert n == frames and n % 2 == 0
+    assert context_frames(round(seconds * 16000), "full", pad_s=pad_s, bucket_s=1.0, min_s=min_s) == N_FRAMES
