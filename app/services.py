@@ -26,7 +26,7 @@ from aural.engine.transcribe import Segment, TranscribeOptions, TranscriptionInf
 
 from .export import CaptionSegment
 from .jobs import FileJob, JobStatus
-from .workers import FileRequest, FileWorker, LiveWorker, ModelLoader, start_thread, start_worker
+from .workers import FileRequest, FileWorker, LiveWorker, ModelLoader, start_thread, start_worker, worker_threads
 
 __all__ = ["Catalog", "FileQueue", "LiveSession", "ModelService", "open_microphone", "stop_threads"]
 
@@ -59,7 +59,7 @@ def stop_threads(owner: QObject) -> None:
     too: at shutdown the GUI event loop has stopped, so the queued quit that a finishing worker sends
     would never arrive.
     """
-    for thread in owner.findChildren(QThread):
+    for thread in worker_threads(owner):
         thread.quit()
         thread.wait()
 

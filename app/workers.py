@@ -24,7 +24,8 @@ from aural.engine.runtime import WhisperModel
 from aural.engine.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
 from aural.engine.transcribe import TranscribeOptions, transcribe
 
-__all__ = ["FileRequest", "FileWorker", "LiveWorker", "MeteredSource", "ModelLoader", "start_thread", "start_worker"]
+__all__ = ["FileRequest", "FileWorker", "LiveWorker", "MeteredSource", "ModelLoader", "start_thread", "start_worker",
+           "worker_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,19 +39,57 @@ def _describe(exc: Exception) -> str:
 
 
 def start_worker(worker: QObject, parent: QObject) -> QThread:
-    """Run `worker.run` in a new thread that quits, and cleans both up, when the worker finishes."""
-    thread = QThread(parent)
-    # The Python wrapper owns the worker: were it collected before deleteLater ran, Python would delete
-    # the worker from the GUI thread while its own thread may still touch it. The thread's wrapper lives
-    # until the thread object is deleted, which Qt does only after the worker's deferred delete.
-    thread.worker = worker
+    """Run `worker.run` in a new thread that quits when the worker finishes; both are then freed on the
+    GUI thread (see `_Reaper`). `worker_threads(parent)` lists the thread until then."""
+    thread = QThread()  # no parent: Python owns it, so dropping the reaper's reference frees it
     worker.moveToThread(thread)
     thread.started.connect(worker.run)
     worker.finished.connect(thread.quit)
-    worker.finished.connect(worker.deleteLater)
-    thread.finished.connect(thread.deleteLater)
+    _Reaper.of(parent).watch(thread, worker)
     thread.start()
     return thread
+
+
+def worker_threads(owner: QObject) -> list[QThread]:
+    """Every thread of `owner` not yet freed: its child QThreads and its one-shot workers' threads."""
+    reaper = owner.findChild(_Reaper)
+    return owner.findChildren(QThread) + (reaper.threads() if reaper is not None else [])
+
+
+class _Reaper(QObject):
+    """Frees one-shot workers and their threads on the GUI thread, from Python, once a thread has ended.
+
+    Not `deleteLater`: Qt would then destroy these Python-made objects from an event loop that does not
+    hold the GIL. The destructor takes Qt's signal-slot lock and then waits for the GIL, while the GUI
+    thread, holding the GIL, waits for that lock to connect a timer (QStatusBar.showMessage): the app froze
+    in test_app. Starting workers in a tight loop also crashed PySide6 6.11 and 6.12 ("shared QObject was
+    deleted directly", segfaults; tests/test_workers.py). Dropping the last Python references on the GUI
+    thread, which holds the GIL, destroys them with nothing left running in their thread. The threads
+    have no parent because un-parenting (setParent, shiboken6.delete) drops a reference to None on every
+    call in PySide6 6.12.0, and the interpreter aborts once None's count reaches zero.
+    """
+
+    @staticmethod
+    def of(owner: QObject) -> _Reaper:
+        reaper = owner.findChild(_Reaper)
+        return reaper if reaper is not None else _Reaper(owner)
+
+    def __init__(self, owner: QObject):
+        super().__init__(owner)
+        self._running: dict[QThread, QObject] = {}  # thread -> its worker
+
+    def threads(self) -> list[QThread]:
+        return list(self._running)
+
+    def watch(self, thread: QThread, worker: QObject) -> None:
+        self._running[thread] = worker
+        thread.finished.connect(self._reap)  # queued: `finished` is emitted by the ending thread
+
+    @Slot()
+    def _reap(self) -> None:
+        for thread in [t for t in self._running if t.isFinished()]:
+            thread.wait()  # `finished` comes just before the thread's last instructions
+            del self._running[thread]  # the last references: both are freed at the end of this loop
 
 
 def start_thread(worker: QObject, parent: QObject) -> QThread:

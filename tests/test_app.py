@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 import srt
-from PySide6.QtCore import QMimeData, QPointF, QSettings, Qt, QThread, QUrl
+from PySide6.QtCore import QMimeData, QPoint, QPointF, QSettings, Qt, QThread, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import QApplication, QFileDialog, QLabel
 
@@ -31,6 +31,7 @@ from aural.app import jobs
 from aural.app.jobs import FileJob, JobStatus
 from aural.app.main import build_window
 from aural.app.services import Catalog
+from aural.app.workers import worker_threads
 from aural.app.settings import Key, Settings
 from aural.app.widgets.captions import CaptionsView
 from aural.app.widgets.metrics import MetricsPanel
@@ -100,7 +101,7 @@ def drop_files(window, paths) -> bool:
     which routes them to the widget under the cursor. True if the drop was accepted."""
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
-    pos = QPointF(window.captions.mapTo(window, window.captions.rect().center()))
+    pos = window.captions.mapTo(window, window.captions.rect().center())  # Qt's drag events take a QPoint,
     args = (Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
     target = window.windowHandle()
     enter = QDragEnterEvent(pos, *args)
@@ -108,7 +109,7 @@ def drop_files(window, paths) -> bool:
     if not enter.isAccepted():
         return False
     QApplication.sendEvent(target, QDragMoveEvent(pos, *args))
-    drop = QDropEvent(pos, *args)
+    drop = QDropEvent(QPointF(pos), *args)  # the drop a QPointF
     QApplication.sendEvent(target, drop)
     return drop.isAccepted()
 
@@ -123,7 +124,7 @@ def last_job(window):
 
 
 def running_threads(*owners) -> list[QThread]:
-    return [t for owner in owners for t in owner.findChildren(QThread) if t.isRunning()]
+    return [t for owner in owners for t in worker_threads(owner) if t.isRunning()]
 
 
 # -- files -------------------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def test_unreadable_files_show_an_error_and_the_window_stays_usable(window, qtbo
 def test_drop_of_non_files_is_refused(window):
     mime = QMimeData()
     mime.setText("just text")
-    enter = QDragEnterEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+    enter = QDragEnterEvent(QPoint(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
                             Qt.KeyboardModifier.NoModifier)
     QApplication.sendEvent(window, enter)
     assert not enter.isAccepted()
