@@ -276,7 +276,7 @@ void context::decode(decode_batch & batch, float * logits) {
     t.compute_ms = ms_since(t0);
     kv_download(batch, t);
     t0 = clock_type::now();
-    ggml_backend_tensor_get(dec_graph_->logits, logits, 0, ggml_nbytes(dec_graph_->logits));
+    dec_graph_->read_logits(logits);
     t.logits_ms = ms_since(t0);
 
     last_step = t;
@@ -340,7 +340,7 @@ void context::align(const int32_t * tokens, uint32_t n_tokens, const std::vector
     kv_download(batch, t);
     // cross_qk is [n_cross, n_tokens, n_heads] in ggml order: row-major [n_heads][n_tokens][n_cross].
     ggml_backend_tensor_get(g->cross_qk, weights, 0, ggml_nbytes(g->cross_qk));
-    ggml_backend_tensor_get(g->logits, logits, 0, ggml_nbytes(g->logits));
+    g->read_logits(logits);
     ggml_backend_sched_reset(sched_dec_);
     stats.align_calls++;
 }

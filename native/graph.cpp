@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "activation.h"
 #include "ggml-backend.h"
 
 namespace aural {
@@ -112,11 +113,10 @@ ggml_tensor * attention_kv(ggml_context * ctx, ggml_tensor * x, int n_head, bool
     return f16 ? ggml_cast(ctx, x, GGML_TYPE_F16) : x;
 }
 
-ggml_tensor * mlp(ggml_context * ctx, ggml_tensor * x, const mlp_weights & w) {
-    // Whisper's MLP uses the exact (erf) GELU (ref: openai-whisper model.py, nn.GELU()). ggml_gelu (tanh
-    // form, f16 table, as whisper.cpp uses) makes the tiny.en encoder 17 % faster on the CPU, but beam 5
-    // then lost a word on the dev clips (bench/results/speed-ablation.md), so the exact form stays.
-    x = ggml_gelu_erf(ctx, linear(ctx, x, w.fc1_w, w.fc1_b));
+ggml_tensor * mlp(ggml_context * ctx, ggml_tensor * x, const mlp_weights & w, bool simd_gelu) {
+    // Whisper's MLP uses the exact (erf) GELU. ggml_gelu (tanh form, f16 table, as whisper.cpp uses) made
+    // beam 5 lose a word on the dev clips (bench/results/speed-ablation.md), so the exact form stays.
+    x = gelu_erf(ctx, linear(ctx, x, w.fc1_w, w.fc1_b), simd_gelu);
     return linear(ctx, x, w.fc2_w, w.fc2_b);
 }
 
@@ -153,6 +153,23 @@ bool graph_result::can_reuse(const decode_params & p) const {
     return true;
 }
 
+void graph_result::read_logits(float * out) const {
+    ggml_backend_tensor_get(logits, out, 0, ggml_nbytes(logits));
+    if (!top) {
+        return;
+    }
+    const int64_t k = top->ne[0], n_outputs = top->ne[1], n_vocab = logits->ne[0];
+    std::vector<int32_t> ids(static_cast<size_t>(k * n_outputs));
+    std::vector<float> values(ids.size());
+    ggml_backend_tensor_get(top, ids.data(), 0, ggml_nbytes(top));
+    ggml_backend_tensor_get(exact, values.data(), 0, ggml_nbytes(exact));
+    for (int64_t o = 0; o < n_outputs; ++o) {
+        for (int64_t i = 0; i < k; ++i) {
+            out[o * n_vocab + ids[o * k + i]] = values[o * k + i];
+        }
+    }
+}
+
 void graph_result::set_inputs(const decode_batch & batch) {
     for (auto & in : inputs) {
         in->set_input(batch);
@@ -172,8 +189,9 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
     ggml_set_input(res->mel);
 
     // conv stem: [2n, n_mels] -> [2n, n_state] -> (stride 2) [n, n_state]
-    ggml_tensor * x = ggml_gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv1_w, res->mel, 1, 1), m.conv1_b));
-    x = ggml_gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv2_w, x, 2, 1), m.conv2_b));
+    ggml_tensor * x = gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv1_w, res->mel, 1, 1), m.conv1_b),
+                               m.simd_gelu);
+    x = gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv2_w, x, 2, 1), m.conv2_b), m.simd_gelu);
     ggml_tensor * pos = ggml_view_2d(ctx, m.enc_pos, m.enc_pos->ne[0], n_ctx, m.enc_pos->nb[1], 0);
     x = ggml_add(ctx, ggml_cont(ctx, ggml_transpose(ctx, x)), pos);  // [n_state, n_ctx]
 
@@ -186,7 +204,7 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
         ggml_tensor * v = attention_kv(ctx, linear(ctx, cur, l.attn.v_w, l.attn.v_b), n_head, kv_f16);
         cur = attention(ctx, q, k, v, nullptr, n_head);
         x = ggml_add(ctx, x, linear(ctx, cur, l.attn.o_w, l.attn.o_b));
-        x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp));
+        x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp, m.simd_gelu));
     }
     x = layer_norm(ctx, x, m.enc_ln_post);
 
@@ -217,6 +235,37 @@ ggml_tensor * cross_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor *
     ggml_tensor * kqv = ggml_mul_mat(ctx, vt, kq);  // [head_dim, n_tokens, n_head]
     ggml_mul_mat_set_prec(kqv, GGML_PREC_F32);
     return ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3)), n_state, n_tokens);
+}
+
+// How many of the screen's best tokens per output are rescored with tok_emb. Greedy search takes the best,
+// beam search the best beam_size + 1 per beam (ref: openai-whisper decoding.py BeamSearchDecoder). Over 106
+// greedy steps of JFK and the sonnet (tiny.en) q8_0 moved a logit by at most 0.44, while the screen's 32nd
+// best lay 4.7 to 10 below its best: the true best few are among the 32, and every token left with its
+// q8_0 logit has under 1 % of the best one's probability.
+constexpr int screen_top_k = 32;
+
+// The tied output projection x [n_state, n_outputs] -> logits [n_vocab, n_outputs] in res.logits. With a
+// screen (model.h), every logit comes from its q8_0 copy and the screen's best screen_top_k per output are
+// recomputed from tok_emb (f32 rows x f32 x) into res.top / res.exact, which read_logits writes over them:
+// the choices and the probability mass they carry are exact, the tail is q8_0's.
+void output_logits(ggml_context * ctx, const model & m, ggml_tensor * x, graph_result & res) {
+    auto output = [&res](ggml_tensor * t, const char * name) {
+        ggml_set_name(t, name);
+        ggml_set_output(t);
+        ggml_build_forward_expand(res.gf, t);
+        return t;
+    };
+    if (!m.out_screen) {
+        res.logits = output(ggml_mul_mat(ctx, m.tok_emb, x), "logits");
+        return;
+    }
+    const int64_t n_state = x->ne[0], n_outputs = x->ne[1];
+    res.logits = output(ggml_mul_mat(ctx, m.out_screen, x), "logits");
+    res.top = output(ggml_top_k(ctx, res.logits, screen_top_k), "screen_top");
+    // get_rows takes one index list per tok_emb matrix: gather all outputs' rows, then split per output.
+    ggml_tensor * rows = ggml_get_rows(ctx, m.tok_emb, ggml_reshape_1d(ctx, res.top, screen_top_k * n_outputs));
+    rows = ggml_reshape_3d(ctx, rows, n_state, screen_top_k, n_outputs);
+    res.exact = output(ggml_mul_mat(ctx, rows, ggml_reshape_3d(ctx, x, n_state, 1, n_outputs)), "screen_exact");
 }
 
 // The given heads of softmaxed cross-attention weights [n_cross, n_tokens, n_head] -> [n_cross, n_tokens, heads].
@@ -280,14 +329,11 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
         }
         x = ggml_add(ctx, x, linear(ctx, cur, l.cross.o_w, l.cross.o_b));
 
-        x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp));
+        x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp, m.simd_gelu));
     }
     x = layer_norm(ctx, x, m.dec_ln);
-    x = ggml_get_rows(ctx, x, out_ids);           // [n_state, n_outputs]
-    res->logits = ggml_mul_mat(ctx, m.tok_emb, x);  // tied output projection: [n_vocab, n_outputs]
-    ggml_set_name(res->logits, "logits");
-    ggml_set_output(res->logits);
-    ggml_build_forward_expand(res->gf, res->logits);
+    x = ggml_get_rows(ctx, x, out_ids);  // [n_state, n_outputs]
+    output_logits(ctx, m, x, *res);
     if (res->cross_qk) {
         ggml_set_name(res->cross_qk, "cross_qk");
         ggml_set_output(res->cross_qk);

@@ -60,6 +60,8 @@ class graph_result {
 
     bool can_reuse(const decode_params & p) const;
     void set_inputs(const decode_batch & batch);
+    // The computed logits [n_outputs][n_vocab] into `out`, the rescored ones written over the screen's.
+    void read_logits(float * out) const;
 
     ggml_context * ctx = nullptr;   // tensor metadata only; data lives in the scheduler's buffers
     ggml_cgraph * gf = nullptr;
@@ -68,6 +70,8 @@ class graph_result {
     ggml_tensor * mel = nullptr;     // encoder input [2 * n_audio_ctx, n_mels]
     uint32_t n_audio_ctx = 0;        // encoder positions this graph was built for
     ggml_tensor * logits = nullptr;  // decoder output [n_vocab, n_outputs]
+    ggml_tensor * top = nullptr;     // screened decoders: [screen_top_k, n_outputs] i32 ids rescored exactly
+    ggml_tensor * exact = nullptr;   // [screen_top_k, 1, n_outputs] their logits from tok_emb
     ggml_tensor * cross_qk = nullptr;  // aligner output [n_cross, n_tokens, n_heads]: cross-attention weights
 };
 

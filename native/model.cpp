@@ -119,8 +119,11 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->read_hparams(meta.get());
     m->bind_tensors();
     m->widen_encoder_projections();
+    // env: AURAL_NO_SIMD_GELU=1 keeps ggml_gelu_erf on the CPU too (debugging, A/B).
+    m->simd_gelu = ggml_backend_dev_type(m->dev) == GGML_BACKEND_DEVICE_TYPE_CPU && !env_flag("AURAL_NO_SIMD_GELU");
     m->allocate_weights();
     m->read_weights(meta.get());
+    m->make_output_screen();
     AURAL_LOG_INFO("%s: %u+%u layers, %.1f MiB of weights on %s", path.c_str(), m->hp.n_audio_layer,
                    m->hp.n_text_layer, m->weights_bytes / 1048576.0, ggml_backend_dev_name(m->dev));
     return m;
@@ -132,6 +135,9 @@ model::~model() {
     }
     if (ctx_) {
         ggml_free(ctx_);
+    }
+    if (screen_ctx_) {
+        ggml_free(screen_ctx_);
     }
 }
 
@@ -372,6 +378,42 @@ void model::read_weights(gguf_context * meta) {
             done += n;
         }
     }
+}
+
+// Each decoder step ends with the tied output projection, the largest read of the step: for tiny.en
+// 51 864 x 384 f16 = 38 MiB of the ~62 MiB a one-token step reads (bench/results/speed-ablation.md), and on
+// the CPU a step is bound by that traffic. A q8_0 copy halves it. Scoring every token with q8_0 cost words
+// with beam 5 (dev 7.7 % against 6.3 %), so the copy only screens: the decoder scores the whole vocabulary
+// with it, then rescores the best candidates with tok_emb itself (graph.cpp, output_logits). CPU only, like
+// the widened encoder matrices: a GPU reads the f16 matrix at its own bandwidth, and the copy would take
+// device memory.
+// env: AURAL_NO_SCREEN=1 scores every token with tok_emb (debugging, A/B).
+void model::make_output_screen() {
+    if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU || tok_emb->type != GGML_TYPE_F16 ||
+        env_flag("AURAL_NO_SCREEN")) {
+        return;
+    }
+    ggml_init_params params = {/*.mem_size =*/ ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true};
+    screen_ctx_ = ggml_init(params);
+    out_screen = ggml_new_tensor_2d(screen_ctx_, GGML_TYPE_Q8_0, tok_emb->ne[0], tok_emb->ne[1]);
+    ggml_set_name(out_screen, "dec.out_screen");
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(screen_ctx_, ggml_backend_dev_buffer_type(dev));
+    if (!buf) {
+        throw std::runtime_error(path + ": cannot allocate the output projection's q8_0 screen (out of memory?)");
+    }
+    buffers_.push_back(buf);
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    screen_bytes = ggml_backend_buffer_get_size(buf);
+    // Quantised in blocks of rows through an f32 staging block (ggml_quantize_chunk takes f32).
+    const int64_t n_per_row = tok_emb->ne[0], n_rows = tok_emb->ne[1], block = 4096;
+    std::vector<float> rows(static_cast<size_t>(n_per_row * block));
+    for (int64_t r0 = 0; r0 < n_rows; r0 += block) {
+        const int64_t n = std::min(block, n_rows - r0);
+        ggml_fp16_to_fp32_row(static_cast<const ggml_fp16_t *>(tok_emb->data) + r0 * n_per_row, rows.data(), n * n_per_row);
+        ggml_quantize_chunk(GGML_TYPE_Q8_0, rows.data(), static_cast<char *>(out_screen->data) + r0 * out_screen->nb[1],
+                            0, n, n_per_row, nullptr);
+    }
+    AURAL_LOG_INFO("output projection screen: q8_0 copy of tok_emb (%.1f MiB)", screen_bytes / 1048576.0);
 }
 
 }  // namespace aural

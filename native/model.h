@@ -2,7 +2,8 @@
 // layers' projection matrices go to the device's "extra" buffer type when it runs their matmul in its own
 // layout (ggml-cpu's CPU_REPACK: q4_0/iq4_nl interleaved for AVX2/AVX512 GEMM kernels); everything else
 // to the device's default buffer type. On the CPU, f16 matrices that multiply the encoder's 1500-column
-// activations are widened to f32 at load (see model.cpp, widen_encoder_projections).
+// activations are widened to f32 at load (see model.cpp, widen_encoder_projections), and a q8_0 copy of the
+// output projection screens the vocabulary for the decoder (make_output_screen).
 //
 //   auto model = aural::model::load("tiny.en-f16.gguf", "auto", /*n_threads=*/0);
 //   model->hp.n_text_layer;   // 4 for tiny
@@ -79,6 +80,11 @@ class model {
     size_t weights_bytes = 0;
     std::vector<std::pair<std::string, size_t>> weight_buffers;  // buffer type name -> bytes, e.g. {"CPU", ...}
     size_t widened_bytes = 0;  // f32 bytes of the f16 matrices widened for the CPU (0: none)
+    bool simd_gelu = false;    // CPU: GELU by Aural's vectorised op, not ggml's scalar one (activation.h)
+    // CPU, f16 tok_emb: a q8_0 copy [n_text_state, n_vocab] that screens the vocabulary each decoder step
+    // before the best candidates are scored with tok_emb itself (graph.cpp, output_logits). Null: none.
+    ggml_tensor * out_screen = nullptr;
+    size_t screen_bytes = 0;
 
     ggml_tensor * conv1_w = nullptr;  // [3, n_mels, n_audio_state] f16
     ggml_tensor * conv1_b = nullptr;  // [n_audio_state]
@@ -102,8 +108,10 @@ class model {
     void widen_encoder_projections();
     void allocate_weights();
     void read_weights(gguf_context * meta);
+    void make_output_screen();
 
     ggml_context * ctx_ = nullptr;                 // tensor metadata (no data)
+    ggml_context * screen_ctx_ = nullptr;          // out_screen's metadata (made here, not in the file)
     std::vector<ggml_backend_buffer_t> buffers_;  // one per buffer type that holds weights
     std::set<const ggml_tensor *> widened_;        // f16 in the file, f32 in memory
 };

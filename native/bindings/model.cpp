@@ -57,6 +57,11 @@ void register_model(py::module_ & m) {
                                "[(buffer type name, bytes)]: where the weights live, e.g. CPU and CPU_REPACK.")
         .def_property_readonly("widened_bytes", [](const model & self) { return self.widened_bytes; },
                                "Bytes of f16 encoder matrices held as f32 for the CPU's matmul kernels (0: none).")
+        .def_property_readonly("simd_gelu", [](const model & self) { return self.simd_gelu; },
+                               "Whether GELU runs as Aural's vectorised CPU op instead of ggml's scalar erff.")
+        .def_property_readonly("screen_bytes", [](const model & self) { return self.screen_bytes; },
+                               "Bytes of the q8_0 copy of the output projection that screens the vocabulary "
+                               "before the best tokens are rescored (0: none; CPU with f16 weights only).")
         .def_property_readonly("path", [](const model & self) { return self.path; });
 }
 
