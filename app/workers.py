@@ -65,8 +65,7 @@ class _Reaper(QObject):
     in test_app. Starting workers in a tight loop also crashed PySide6 6.11 and 6.12 ("shared QObject was
     deleted directly", segfaults; tests/test_workers.py). Dropping the last Python references on the GUI
     thread, which holds the GIL, destroys them with nothing left running in their thread. The threads
-    have no parent because un-parenting (setParent, shiboken6.delete) drops a reference to None on every
-    call in PySide6 6.12.0, and the interpreter aborts once None's count reaches zero.
+    have no parent, so that dropping the reference frees them without a further call into Qt.
     """
 
     @staticmethod
