@@ -45,7 +45,7 @@ context::context(const model & m, const context_params & p) : mdl(m), params(p) 
     const int n_threads = p.n_threads > 0 ? p.n_threads : m.n_threads;
     set_backend_threads(primary_, n_threads);
     set_backend_abort_flag(primary_, &interrupted_);
-    if (ggml_backend_dev_type(m.dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+    if (!m.on_cpu()) {
         cpu_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
         if (!cpu_) {
             throw std::runtime_error("cannot initialise the CPU backend");

@@ -120,6 +120,14 @@ ggml_tensor * mlp(ggml_context * ctx, ggml_tensor * x, const mlp_weights & w, bo
     return linear(ctx, x, w.fc2_w, w.fc2_b);
 }
 
+// Names `t`, marks it as an output (its memory outlives the graph's other intermediates) and adds it to `gf`.
+ggml_tensor * graph_output(ggml_cgraph * gf, ggml_tensor * t, const char * name) {
+    ggml_set_name(t, name);
+    ggml_set_output(t);
+    ggml_build_forward_expand(gf, t);
+    return t;
+}
+
 // Conv1d bias [n_state] broadcast over time: the conv output is [n_time, n_state].
 ggml_tensor * conv_bias(ggml_context * ctx, ggml_tensor * x, ggml_tensor * b) {
     return ggml_add(ctx, x, ggml_reshape_2d(ctx, b, 1, b->ne[0]));
@@ -196,7 +204,7 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
     x = ggml_add(ctx, ggml_cont(ctx, ggml_transpose(ctx, x)), pos);  // [n_state, n_ctx]
 
     const int n_head = static_cast<int>(hp.n_audio_head);
-    const bool kv_f16 = ggml_backend_dev_type(m.dev) != GGML_BACKEND_DEVICE_TYPE_CPU;
+    const bool kv_f16 = !m.on_cpu();
     for (const encoder_layer & l : m.enc) {
         ggml_tensor * cur = layer_norm(ctx, x, l.attn_ln);
         ggml_tensor * q = linear(ctx, cur, l.attn.q_w, l.attn.q_b);
@@ -249,23 +257,18 @@ constexpr int screen_top_k = 32;
 // recomputed from tok_emb (f32 rows x f32 x) into res.top / res.exact, which read_logits writes over them:
 // the choices and the probability mass they carry are exact, the tail is q8_0's.
 void output_logits(ggml_context * ctx, const model & m, ggml_tensor * x, graph_result & res) {
-    auto output = [&res](ggml_tensor * t, const char * name) {
-        ggml_set_name(t, name);
-        ggml_set_output(t);
-        ggml_build_forward_expand(res.gf, t);
-        return t;
-    };
     if (!m.out_screen) {
-        res.logits = output(ggml_mul_mat(ctx, m.tok_emb, x), "logits");
+        res.logits = graph_output(res.gf, ggml_mul_mat(ctx, m.tok_emb, x), "logits");
         return;
     }
     const int64_t n_state = x->ne[0], n_outputs = x->ne[1];
-    res.logits = output(ggml_mul_mat(ctx, m.out_screen, x), "logits");
-    res.top = output(ggml_top_k(ctx, res.logits, screen_top_k), "screen_top");
+    res.logits = graph_output(res.gf, ggml_mul_mat(ctx, m.out_screen, x), "logits");
+    res.top = graph_output(res.gf, ggml_top_k(ctx, res.logits, screen_top_k), "screen_top");
     // get_rows takes one index list per tok_emb matrix: gather all outputs' rows, then split per output.
     ggml_tensor * rows = ggml_get_rows(ctx, m.tok_emb, ggml_reshape_1d(ctx, res.top, screen_top_k * n_outputs));
     rows = ggml_reshape_3d(ctx, rows, n_state, screen_top_k, n_outputs);
-    res.exact = output(ggml_mul_mat(ctx, rows, ggml_reshape_3d(ctx, x, n_state, 1, n_outputs)), "screen_exact");
+    res.exact = graph_output(res.gf, ggml_mul_mat(ctx, rows, ggml_reshape_3d(ctx, x, n_state, 1, n_outputs)),
+                             "screen_exact");
 }
 
 // The given heads of softmaxed cross-attention weights [n_cross, n_tokens, n_head] -> [n_cross, n_tokens, heads].
@@ -335,9 +338,7 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
     x = ggml_get_rows(ctx, x, out_ids);  // [n_state, n_outputs]
     output_logits(ctx, m, x, *res);
     if (res->cross_qk) {
-        ggml_set_name(res->cross_qk, "cross_qk");
-        ggml_set_output(res->cross_qk);
-        ggml_build_forward_expand(res->gf, res->cross_qk);
+        graph_output(res->gf, res->cross_qk, "cross_qk");
     }
     return res;
 }

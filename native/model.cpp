@@ -120,7 +120,7 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->bind_tensors();
     m->widen_encoder_projections();
     // env: AURAL_NO_SIMD_GELU=1 keeps ggml_gelu_erf on the CPU too (debugging, A/B).
-    m->simd_gelu = ggml_backend_dev_type(m->dev) == GGML_BACKEND_DEVICE_TYPE_CPU && !env_flag("AURAL_NO_SIMD_GELU");
+    m->simd_gelu = m->on_cpu() && !env_flag("AURAL_NO_SIMD_GELU");
     m->allocate_weights();
     m->read_weights(meta.get());
     m->make_output_screen();
@@ -249,7 +249,7 @@ std::vector<ggml_tensor *> model::matmul_weights() const {
 // env: AURAL_NO_WIDEN=1 keeps every matrix as stored.
 void model::widen_encoder_projections() {
     constexpr size_t max_widened_bytes = 512u << 20;
-    if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU || env_flag("AURAL_NO_WIDEN")) {
+    if (!on_cpu() || env_flag("AURAL_NO_WIDEN")) {
         return;
     }
     std::vector<ggml_tensor *> candidates;
@@ -389,8 +389,7 @@ void model::read_weights(gguf_context * meta) {
 // device memory.
 // env: AURAL_NO_SCREEN=1 scores every token with tok_emb (debugging, A/B).
 void model::make_output_screen() {
-    if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU || tok_emb->type != GGML_TYPE_F16 ||
-        env_flag("AURAL_NO_SCREEN")) {
+    if (!on_cpu() || tok_emb->type != GGML_TYPE_F16 || env_flag("AURAL_NO_SCREEN")) {
         return;
     }
     ggml_init_params params = {/*.mem_size =*/ ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true};

@@ -69,6 +69,8 @@ class model {
     // Throws std::runtime_error naming `path` for a missing, truncated or malformed file, a wrong
     // architecture, a missing tensor or a wrong shape; std::invalid_argument for an unknown device.
     static std::unique_ptr<model> load(const std::string & path, const std::string & device, int n_threads);
+    // Whether the weights live on (and graphs run first on) ggml's CPU device: the CPU-only layouts and ops.
+    bool on_cpu() const { return ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU; }
     ~model();
     model(const model &) = delete;
     model & operator=(const model &) = delete;
