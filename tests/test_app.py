@@ -438,9 +438,10 @@ def test_a_killed_app_offers_its_captions_at_the_next_launch(virtual_mic, make_w
                         timeout=MODEL_S)
         assert app.poll() is None, "".join(log)
         player = virtual_mic.play(jfk_wav, wait=False)
-        # The app holds its journal open; read the file as it grows, as a crash would leave it.
-        qtbot.waitUntil(lambda: any(read_session(p).entries for p in journal_dir.glob("session-*.jsonl")),
-                        timeout=FILE_S)
+        # The app holds its journal open; read the file as it grows, as a crash would leave it. A file the app
+        # has just created may not hold its header yet: read_session gives None for it until then.
+        qtbot.waitUntil(lambda: any(getattr(read_session(p), "entries", None)
+                                    for p in journal_dir.glob("session-*.jsonl")), timeout=FILE_S)
     finally:
         app.send_signal(signal.SIGKILL)
         app.wait(30)
