@@ -1,9 +1,10 @@
 #include "activation.h"
 
+#include "vec-math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 // x86-64 builds target the baseline ISA (SSE2) unless GGML_NATIVE-style flags are given: compile the hot loop
 // for AVX-512 and AVX2 as well and let the loader pick the widest the CPU has (GCC and Clang function clones).
@@ -17,29 +18,6 @@
 namespace aural {
 
 namespace {
-
-// e^-u for u >= 0, written so that a loop around it vectorises (no calls, no branches). Cody-Waite range
-// reduction: e^-u = 2^n e^r with n = round(-u / ln 2), |r| <= ln 2 / 2, e^r by its degree-7 Taylor
-// polynomial (truncation error below 1e-8 there, under f32 rounding). u is clamped to 87 so that 2^n
-// stays a normal float: a vector loop computes every lane, also those its caller then discards.
-inline float exp_neg(float u) {
-    const float a = -std::min(u, 87.0f);
-    const float round_shift = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-    const float n = (a * 1.44269504f + round_shift) - round_shift;
-    const float r = (a - n * 0.693145752f) - n * 1.42860677e-6f;  // ln 2 as f32 hi + lo parts
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
-    float scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 // y = GELU(x) elementwise. erfc(|z|), z = x / sqrt 2, by Abramowitz & Stegun 7.1.26 (absolute error
 // <= 1.5e-7): t = 1 / (1 + p|z|), erfc = t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) e^-z^2. Then

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "activation.h"
+#include "attention.h"
+#include "int8-matmul.h"
 #include "ggml-backend.h"
 
 namespace aural {
@@ -83,8 +85,10 @@ ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const norm_weights
     return ggml_add(ctx, ggml_mul(ctx, x, w.w), w.b);
 }
 
-ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, ggml_tensor * b) {
-    x = ggml_mul_mat(ctx, w, x);
+// w x + b, by w's int8 copy where the model has one (int8-matmul.h).
+ggml_tensor * linear(ggml_context * ctx, const model & m, ggml_tensor * x, ggml_tensor * w, ggml_tensor * b) {
+    ggml_tensor * w8 = m.int8_of(w);
+    x = w8 ? int8_matmul(ctx, w8, w->ne[1], x) : ggml_mul_mat(ctx, w, x);
     return b ? ggml_add(ctx, x, b) : x;
 }
 
@@ -113,11 +117,32 @@ ggml_tensor * attention_kv(ggml_context * ctx, ggml_tensor * x, int n_head, bool
     return f16 ? ggml_cast(ctx, x, GGML_TYPE_F16) : x;
 }
 
-ggml_tensor * mlp(ggml_context * ctx, ggml_tensor * x, const mlp_weights & w, bool simd_gelu) {
+// Encoder self-attention of x [n_state, n] before the output projection, by flash attention (any backend).
+ggml_tensor * encoder_attention(ggml_context * ctx, const model & m, ggml_tensor * x, const attn_weights & w, int n_head,
+                                bool kv_f16) {
+    ggml_tensor * q = linear(ctx, m, x, w.q_w, w.q_b);
+    ggml_tensor * k = attention_kv(ctx, linear(ctx, m, x, w.k_w, nullptr), n_head, kv_f16);
+    ggml_tensor * v = attention_kv(ctx, linear(ctx, m, x, w.v_w, w.v_b), n_head, kv_f16);
+    return attention(ctx, q, k, v, nullptr, n_head);
+}
+
+// The same by Aural's CPU op (attention.h), which takes K transposed. With plain f32 weights (widened for
+// the CPU) swapping the projection's operands gives kt [n, n_state] = (w_k x)^T at no extra cost; ggml-cpu's
+// mul_mat takes its second operand only as f32, so other weights (int8 copies, q8_0, models too large to
+// widen) project K as usual and transpose it with a copy (n x n_state floats, ~0.3 ms at 1500 positions).
+ggml_tensor * encoder_attention_cpu(ggml_context * ctx, const model & m, ggml_tensor * x, const attn_weights & w,
+                                    int n_head) {
+    const bool swap = w.k_w->type == GGML_TYPE_F32 && !m.int8_of(w.k_w);
+    ggml_tensor * kt = swap ? ggml_mul_mat(ctx, x, w.k_w)
+                            : ggml_cont(ctx, ggml_transpose(ctx, linear(ctx, m, x, w.k_w, nullptr)));
+    return encoder_self_attention(ctx, linear(ctx, m, x, w.q_w, w.q_b), kt, linear(ctx, m, x, w.v_w, w.v_b), n_head);
+}
+
+ggml_tensor * mlp(ggml_context * ctx, const model & m, ggml_tensor * x, const mlp_weights & w) {
     // Whisper's MLP uses the exact (erf) GELU. ggml_gelu (tanh form, f16 table, as whisper.cpp uses) made
     // beam 5 lose a word on the dev clips (bench/results/speed-ablation.md), so the exact form stays.
-    x = gelu_erf(ctx, linear(ctx, x, w.fc1_w, w.fc1_b), simd_gelu);
-    return linear(ctx, x, w.fc2_w, w.fc2_b);
+    x = gelu_erf(ctx, linear(ctx, m, x, w.fc1_w, w.fc1_b), m.simd_gelu);
+    return linear(ctx, m, x, w.fc2_w, w.fc2_b);
 }
 
 // Names `t`, marks it as an output (its memory outlives the graph's other intermediates) and adds it to `gf`.
@@ -207,20 +232,18 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
     const bool kv_f16 = !m.on_cpu();
     for (const encoder_layer & l : m.enc) {
         ggml_tensor * cur = layer_norm(ctx, x, l.attn_ln);
-        ggml_tensor * q = linear(ctx, cur, l.attn.q_w, l.attn.q_b);
-        ggml_tensor * k = attention_kv(ctx, linear(ctx, cur, l.attn.k_w, nullptr), n_head, kv_f16);
-        ggml_tensor * v = attention_kv(ctx, linear(ctx, cur, l.attn.v_w, l.attn.v_b), n_head, kv_f16);
-        cur = attention(ctx, q, k, v, nullptr, n_head);
-        x = ggml_add(ctx, x, linear(ctx, cur, l.attn.o_w, l.attn.o_b));
-        x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp, m.simd_gelu));
+        cur = m.simd_attention ? encoder_attention_cpu(ctx, m, cur, l.attn, n_head)
+                               : encoder_attention(ctx, m, cur, l.attn, n_head, kv_f16);
+        x = ggml_add(ctx, x, linear(ctx, m, cur, l.attn.o_w, l.attn.o_b));
+        x = ggml_add(ctx, x, mlp(ctx, m, layer_norm(ctx, x, l.mlp_ln), l.mlp));
     }
     x = layer_norm(ctx, x, m.enc_ln_post);
 
     // Cross-attention K/V of every decoder layer, computed once per window and kept in the arena.
     for (size_t il = 0; il < m.dec.size(); ++il) {
         const attn_weights & c = m.dec[il].cross;
-        ggml_build_forward_expand(res->gf, kv.cpy_cross_k(ctx, linear(ctx, x, c.k_w, nullptr), il));
-        ggml_build_forward_expand(res->gf, kv.cpy_cross_v(ctx, linear(ctx, x, c.v_w, c.v_b), il));
+        ggml_build_forward_expand(res->gf, kv.cpy_cross_k(ctx, linear(ctx, m, x, c.k_w, nullptr), il));
+        ggml_build_forward_expand(res->gf, kv.cpy_cross_v(ctx, linear(ctx, m, x, c.v_w, c.v_b), il));
     }
     return res;
 }
@@ -262,7 +285,9 @@ void output_logits(ggml_context * ctx, const model & m, ggml_tensor * x, graph_r
         return;
     }
     const int64_t n_state = x->ne[0], n_outputs = x->ne[1];
-    res.logits = graph_output(res.gf, ggml_mul_mat(ctx, m.out_screen, x), "logits");
+    ggml_tensor * screened = m.out_screen->type == GGML_TYPE_I8 ? int8_matmul(ctx, m.out_screen, m.tok_emb->ne[1], x)
+                                                                : ggml_mul_mat(ctx, m.out_screen, x);
+    res.logits = graph_output(res.gf, screened, "logits");
     res.top = graph_output(res.gf, ggml_top_k(ctx, res.logits, screen_top_k), "screen_top");
     // get_rows takes one index list per tok_emb matrix: gather all outputs' rows, then split per output.
     ggml_tensor * rows = ggml_get_rows(ctx, m.tok_emb, ggml_reshape_1d(ctx, res.top, screen_top_k * n_outputs));
@@ -310,15 +335,15 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
     for (size_t il = 0; il < m.dec.size(); ++il) {
         const decoder_layer & l = m.dec[il];
         ggml_tensor * cur = layer_norm(ctx, x, l.attn_ln);
-        ggml_tensor * q = linear(ctx, cur, l.attn.q_w, l.attn.q_b);
+        ggml_tensor * q = linear(ctx, m, cur, l.attn.q_w, l.attn.q_b);
         // Write this step's K/V rows in place before the attention reads the arena (graph order).
-        ggml_build_forward_expand(res->gf, kv.cpy_k(ctx, linear(ctx, cur, l.attn.k_w, nullptr), rows, il));
-        ggml_build_forward_expand(res->gf, kv.cpy_v(ctx, linear(ctx, cur, l.attn.v_w, l.attn.v_b), rows, il));
+        ggml_build_forward_expand(res->gf, kv.cpy_k(ctx, linear(ctx, m, cur, l.attn.k_w, nullptr), rows, il));
+        ggml_build_forward_expand(res->gf, kv.cpy_v(ctx, linear(ctx, m, cur, l.attn.v_w, l.attn.v_b), rows, il));
         cur = attention(ctx, q, kv.get_k(ctx, il), kv.get_v(ctx, il), mask, n_head);
-        x = ggml_add(ctx, x, linear(ctx, cur, l.attn.o_w, l.attn.o_b));
+        x = ggml_add(ctx, x, linear(ctx, m, cur, l.attn.o_w, l.attn.o_b));
 
         cur = layer_norm(ctx, x, l.cross_ln);
-        q = linear(ctx, cur, l.cross.q_w, l.cross.q_b);
+        q = linear(ctx, m, cur, l.cross.q_w, l.cross.q_b);
         ggml_tensor * kq = nullptr;
         cur = cross_attention(ctx, q, kv.get_cross_k(ctx, il, p.n_cross), kv.get_cross_v(ctx, il, p.n_cross), n_head,
                               &kq);
@@ -330,9 +355,9 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
             ggml_tensor * w = select_heads(ctx, kq, layer_heads);
             res->cross_qk = res->cross_qk ? ggml_concat(ctx, res->cross_qk, w, 2) : w;
         }
-        x = ggml_add(ctx, x, linear(ctx, cur, l.cross.o_w, l.cross.o_b));
+        x = ggml_add(ctx, x, linear(ctx, m, cur, l.cross.o_w, l.cross.o_b));
 
-        x = ggml_add(ctx, x, mlp(ctx, layer_norm(ctx, x, l.mlp_ln), l.mlp, m.simd_gelu));
+        x = ggml_add(ctx, x, mlp(ctx, m, layer_norm(ctx, x, l.mlp_ln), l.mlp));
     }
     x = layer_norm(ctx, x, m.dec_ln);
     x = ggml_get_rows(ctx, x, out_ids);  // [n_state, n_outputs]

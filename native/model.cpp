@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
 #include <stdexcept>
 #include <sys/stat.h>
 
+#include "attention.h"
 #include "backend.h"
+#include "int8-matmul.h"
 #include "ggml-alloc.h"
 #include "gguf.h"
 #include "log.h"
@@ -118,12 +121,17 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->ctx_ = meta_ctx;
     m->read_hparams(meta.get());
     m->bind_tensors();
+    // env: AURAL_NO_INT8=1 keeps the encoder's projections and the screen in ggml's types (debugging, A/B).
+    m->int8 = m->on_cpu() && int8_matmul_available() && !env_flag("AURAL_NO_INT8") &&
+              (m->tok_emb->type == GGML_TYPE_F16 || m->tok_emb->type == GGML_TYPE_F32);
     m->widen_encoder_projections();
     // env: AURAL_NO_SIMD_GELU=1 keeps ggml_gelu_erf on the CPU too (debugging, A/B).
     m->simd_gelu = m->on_cpu() && !env_flag("AURAL_NO_SIMD_GELU");
+    // env: AURAL_NO_SIMD_ATTENTION=1 keeps ggml_flash_attn_ext in the encoder on the CPU too (debugging, A/B).
+    m->simd_attention = m->on_cpu() && encoder_attention_available() && !env_flag("AURAL_NO_SIMD_ATTENTION");
     m->allocate_weights();
     m->read_weights(meta.get());
-    m->make_output_screen();
+    m->make_cpu_copies();
     AURAL_LOG_INFO("%s: %u+%u layers, %.1f MiB of weights on %s", path.c_str(), m->hp.n_audio_layer,
                    m->hp.n_text_layer, m->weights_bytes / 1048576.0, ggml_backend_dev_name(m->dev));
     return m;
@@ -136,8 +144,8 @@ model::~model() {
     if (ctx_) {
         ggml_free(ctx_);
     }
-    if (screen_ctx_) {
-        ggml_free(screen_ctx_);
+    if (copies_ctx_) {
+        ggml_free(copies_ctx_);
     }
 }
 
@@ -239,6 +247,20 @@ std::vector<ggml_tensor *> model::matmul_weights() const {
     return out;
 }
 
+// The matrices that multiply the encoder's activations (1500 columns for a 30 s window): the layers'
+// projections and the decoder's cross-attention K/V projections, which run once per window in the encoder
+// graph.
+std::vector<ggml_tensor *> model::encoder_projections() const {
+    std::vector<ggml_tensor *> out;
+    for (const encoder_layer & l : enc) {
+        out.insert(out.end(), {l.attn.q_w, l.attn.k_w, l.attn.v_w, l.attn.o_w, l.mlp.fc1_w, l.mlp.fc2_w});
+    }
+    for (const decoder_layer & l : dec) {
+        out.insert(out.end(), {l.cross.k_w, l.cross.v_w});
+    }
+    return out;
+}
+
 // The encoder multiplies its projections by 1500-column activations, where ggml-cpu's tinyBLAS runs f16
 // weights by rounding each activation to f16 and widening each weight in the kernel, f32 weights directly:
 // the tiny.en encoder takes 0.86x instead of 0.90x the time of the f16 K/V build per window (2 threads,
@@ -249,16 +271,10 @@ std::vector<ggml_tensor *> model::matmul_weights() const {
 // env: AURAL_NO_WIDEN=1 keeps every matrix as stored.
 void model::widen_encoder_projections() {
     constexpr size_t max_widened_bytes = 512u << 20;
-    if (!on_cpu() || env_flag("AURAL_NO_WIDEN")) {
+    if (!on_cpu() || int8 || env_flag("AURAL_NO_WIDEN")) {
         return;
     }
-    std::vector<ggml_tensor *> candidates;
-    for (const encoder_layer & l : enc) {
-        candidates.insert(candidates.end(), {l.attn.q_w, l.attn.k_w, l.attn.v_w, l.attn.o_w, l.mlp.fc1_w, l.mlp.fc2_w});
-    }
-    for (const decoder_layer & l : dec) {
-        candidates.insert(candidates.end(), {l.cross.k_w, l.cross.v_w});
-    }
+    const std::vector<ggml_tensor *> candidates = encoder_projections();
     size_t bytes = 0;
     for (const ggml_tensor * t : candidates) {
         bytes += t->type == GGML_TYPE_F16 ? ggml_nelements(t) * sizeof(float) : 0;
@@ -380,39 +396,88 @@ void model::read_weights(gguf_context * meta) {
     }
 }
 
-// Each decoder step ends with the tied output projection, the largest read of the step: for tiny.en
-// 51 864 x 384 f16 = 38 MiB of the ~62 MiB a one-token step reads (bench/results/speed-ablation.md), and on
-// the CPU a step is bound by that traffic. A q8_0 copy halves it. Scoring every token with q8_0 cost words
-// with beam 5 (dev 7.7 % against 6.3 %), so the copy only screens: the decoder scores the whole vocabulary
-// with it, then rescores the best candidates with tok_emb itself (graph.cpp, output_logits). CPU only, like
-// the widened encoder matrices: a GPU reads the f16 matrix at its own bandwidth, and the copy would take
-// device memory.
+// Copies of weights that only the CPU's kernels read, made at load from the weights themselves:
+//
+// * int8 (int8 set): the encoder's projections as int8-matmul.h panels. VPDPBUSD runs the encoder's
+//   products ~2.5x faster than f32 (fc1 3.7 against 11.4 ms for 1536 x 384 x 1500 on 2 cores), with the
+//   error of CTranslate2's int8 compute type (one scale per weight row and per activation column).
+//
+// * The output screen. Each decoder step ends with the tied output projection, the largest read of the
+//   step: for tiny.en 51 864 x 384 f16 = 38 MiB of the ~62 MiB a one-token step reads
+//   (bench/results/speed-ablation.md), and on the CPU a step is bound by that traffic. An int8 copy halves
+//   it and takes 0.37 ms a step against q8_0's 1.0 ms (ggml's q8_0 copy where VNNI is missing). Scoring
+//   every token with q8_0 cost words with beam 5 (dev 7.7 % against 6.3 %), so the copy only screens: the
+//   decoder scores the whole vocabulary with it, then rescores the best candidates with tok_emb itself
+//   (graph.cpp, output_logits). A GPU reads the f16 matrix at its own bandwidth, and the copy would take
+//   device memory.
 // env: AURAL_NO_SCREEN=1 scores every token with tok_emb (debugging, A/B).
-void model::make_output_screen() {
-    if (!on_cpu() || tok_emb->type != GGML_TYPE_F16 || env_flag("AURAL_NO_SCREEN")) {
+void model::make_cpu_copies() {
+    const bool screen = on_cpu() && tok_emb->type == GGML_TYPE_F16 && !env_flag("AURAL_NO_SCREEN");
+    std::vector<ggml_tensor *> packed;
+    if (int8) {
+        for (ggml_tensor * w : encoder_projections()) {
+            if ((w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32) && w->ne[0] % 16 == 0) {
+                packed.push_back(w);
+            }
+        }
+    }
+    if (!screen && packed.empty()) {
         return;
     }
-    ggml_init_params params = {/*.mem_size =*/ ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true};
-    screen_ctx_ = ggml_init(params);
-    out_screen = ggml_new_tensor_2d(screen_ctx_, GGML_TYPE_Q8_0, tok_emb->ne[0], tok_emb->ne[1]);
-    ggml_set_name(out_screen, "dec.out_screen");
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(screen_ctx_, ggml_backend_dev_buffer_type(dev));
+    ggml_init_params params = {/*.mem_size =*/ ggml_tensor_overhead() * (packed.size() + 1), /*.mem_buffer =*/ nullptr,
+                               /*.no_alloc =*/ true};
+    copies_ctx_ = ggml_init(params);
+    auto int8_copy = [this](const ggml_tensor * w) {
+        return ggml_new_tensor_2d(copies_ctx_, GGML_TYPE_I8, int8_panel_bytes(w->ne[0]),
+                                  (w->ne[1] + int8_panel_rows - 1) / int8_panel_rows);
+    };
+    for (ggml_tensor * w : packed) {
+        int8_copies_[w] = int8_copy(w);
+        ggml_format_name(int8_copies_[w], "%s.int8", ggml_get_name(w));
+    }
+    if (screen) {
+        out_screen = int8 ? int8_copy(tok_emb) : ggml_new_tensor_2d(copies_ctx_, GGML_TYPE_Q8_0, tok_emb->ne[0], tok_emb->ne[1]);
+        ggml_set_name(out_screen, "dec.out_screen");
+    }
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(copies_ctx_, ggml_backend_dev_buffer_type(dev));
     if (!buf) {
-        throw std::runtime_error(path + ": cannot allocate the output projection's q8_0 screen (out of memory?)");
+        throw std::runtime_error(path + ": cannot allocate the CPU's int8 / q8_0 weight copies (out of memory?)");
     }
     buffers_.push_back(buf);
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    screen_bytes = ggml_backend_buffer_get_size(buf);
-    // Quantised in blocks of rows through an f32 staging block (ggml_quantize_chunk takes f32).
-    const int64_t n_per_row = tok_emb->ne[0], n_rows = tok_emb->ne[1], block = 4096;
+    for (const auto & [w, copy] : int8_copies_) {
+        fill_copy(w, copy);
+        int8_bytes += ggml_nbytes(copy);
+    }
+    if (out_screen) {
+        fill_copy(tok_emb, out_screen);
+        screen_bytes = ggml_nbytes(out_screen);
+    }
+    AURAL_LOG_INFO("CPU weight copies: %zu int8 matrices (%.1f MiB), %s output screen (%.1f MiB)", int8_copies_.size(),
+                   int8_bytes / 1048576.0, out_screen ? ggml_type_name(out_screen->type) : "no",
+                   screen_bytes / 1048576.0);
+}
+
+// Fills `copy` (int8 panels or q8_0 rows) from the f16/f32 matrix w, in blocks of rows through an f32
+// staging block (both quantisers take f32).
+void model::fill_copy(const ggml_tensor * w, ggml_tensor * copy) {
+    const int64_t n_per_row = w->ne[0], n_rows = w->ne[1], block = 4096;  // a multiple of int8_panel_rows
     std::vector<float> rows(static_cast<size_t>(n_per_row * block));
     for (int64_t r0 = 0; r0 < n_rows; r0 += block) {
         const int64_t n = std::min(block, n_rows - r0);
-        ggml_fp16_to_fp32_row(static_cast<const ggml_fp16_t *>(tok_emb->data) + r0 * n_per_row, rows.data(), n * n_per_row);
-        ggml_quantize_chunk(GGML_TYPE_Q8_0, rows.data(), static_cast<char *>(out_screen->data) + r0 * out_screen->nb[1],
-                            0, n, n_per_row, nullptr);
+        const char * src = static_cast<const char *>(w->data) + r0 * w->nb[1];
+        if (w->type == GGML_TYPE_F16) {
+            ggml_fp16_to_fp32_row(reinterpret_cast<const ggml_fp16_t *>(src), rows.data(), n * n_per_row);
+        } else {
+            std::memcpy(rows.data(), src, sizeof(float) * n * n_per_row);
+        }
+        if (copy->type == GGML_TYPE_I8) {
+            int8_pack(rows.data(), n, n_per_row, static_cast<int8_t *>(copy->data) + r0 / int8_panel_rows * copy->nb[1]);
+        } else {
+            ggml_quantize_chunk(copy->type, rows.data(), static_cast<char *>(copy->data) + r0 * copy->nb[1], 0, n,
+                                n_per_row, nullptr);
+        }
     }
-    AURAL_LOG_INFO("output projection screen: q8_0 copy of tok_emb (%.1f MiB)", screen_bytes / 1048576.0);
 }
 
 }  // namespace aural

@@ -2,8 +2,9 @@
 // layers' projection matrices go to the device's "extra" buffer type when it runs their matmul in its own
 // layout (ggml-cpu's CPU_REPACK: q4_0/iq4_nl interleaved for AVX2/AVX512 GEMM kernels); everything else
 // to the device's default buffer type. On the CPU, f16 matrices that multiply the encoder's 1500-column
-// activations are widened to f32 at load (see model.cpp, widen_encoder_projections), and a q8_0 copy of the
-// output projection screens the vocabulary for the decoder (make_output_screen).
+// activations are widened to f32 at load (see model.cpp, widen_encoder_projections) or, on CPUs with
+// AVX-512 VNNI, copied as int8 (make_cpu_copies), and an int8 or q8_0 copy of the output projection screens
+// the vocabulary for the decoder.
 //
 //   auto model = aural::model::load("tiny.en-f16.gguf", "auto", /*n_threads=*/0);
 //   model->hp.n_text_layer;   // 4 for tiny
@@ -12,6 +13,7 @@
 // Thread-safety: a loaded model is read-only; any number of contexts (one per thread) may use it.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -83,8 +85,12 @@ class model {
     std::vector<std::pair<std::string, size_t>> weight_buffers;  // buffer type name -> bytes, e.g. {"CPU", ...}
     size_t widened_bytes = 0;  // f32 bytes of the f16 matrices widened for the CPU (0: none)
     bool simd_gelu = false;    // CPU: GELU by Aural's vectorised op, not ggml's scalar one (activation.h)
-    // CPU, f16 tok_emb: a q8_0 copy [n_text_state, n_vocab] that screens the vocabulary each decoder step
-    // before the best candidates are scored with tok_emb itself (graph.cpp, output_logits). Null: none.
+    bool simd_attention = false;  // CPU: encoder self-attention by Aural's op, not flash attention (attention.h)
+    // CPU with AVX-512 VNNI, f16/f32 weights: the encoder's projections multiply as int8 (int8-matmul.h).
+    bool int8 = false;
+    size_t int8_bytes = 0;  // bytes of those int8 copies
+    // CPU, f16 tok_emb: an int8 (int8 set) or q8_0 copy of tok_emb that screens the vocabulary each decoder
+    // step before the best candidates are scored with tok_emb itself (graph.cpp, output_logits). Null: none.
     ggml_tensor * out_screen = nullptr;
     size_t screen_bytes = 0;
 
@@ -95,6 +101,12 @@ class model {
     ggml_tensor * enc_pos = nullptr;  // [n_audio_state, n_audio_ctx]
     std::vector<encoder_layer> enc;
     norm_weights enc_ln_post;
+
+    // The int8 copy of a matrix (an I8 tensor of int8-matmul.h's panels), or null where it has none.
+    ggml_tensor * int8_of(const ggml_tensor * w) const {
+        const auto it = int8_copies_.find(w);
+        return it == int8_copies_.end() ? nullptr : it->second;
+    }
 
     ggml_tensor * tok_emb = nullptr;  // [n_text_state, n_vocab]; also the output projection (tied)
     ggml_tensor * dec_pos = nullptr;  // [n_text_state, n_text_ctx]
@@ -107,13 +119,16 @@ class model {
     void bind_tensors();
     ggml_tensor * require(const std::string & name, std::initializer_list<int64_t> ne);
     std::vector<ggml_tensor *> matmul_weights() const;
+    std::vector<ggml_tensor *> encoder_projections() const;
     void widen_encoder_projections();
     void allocate_weights();
     void read_weights(gguf_context * meta);
-    void make_output_screen();
+    void make_cpu_copies();
+    void fill_copy(const ggml_tensor * w, ggml_tensor * copy);
 
     ggml_context * ctx_ = nullptr;                 // tensor metadata (no data)
-    ggml_context * screen_ctx_ = nullptr;          // out_screen's metadata (made here, not in the file)
+    ggml_context * copies_ctx_ = nullptr;          // metadata of out_screen and the int8 copies (made here)
+    std::map<const ggml_tensor *, ggml_tensor *> int8_copies_;  // weight -> its int8 copy
     std::vector<ggml_backend_buffer_t> buffers_;  // one per buffer type that holds weights
     std::set<const ggml_tensor *> widened_;        // f16 in the file, f32 in memory
 };

@@ -151,7 +151,9 @@ def test_devices_and_weight_types():
 
 def test_f16_encoder_matrices_are_widened_on_the_cpu(tiny_gguf, jfk_mel, monkeypatch):
     """tiny.en's encoder projections and cross-attention K/V projections (4 x 1 769 472 + 4 x 294 912
-    values) are held as f32 on the CPU; AURAL_NO_WIDEN=1 keeps them f16. Both give JFK's tokens."""
+    values) are held as f32 on the CPU where they are not copied as int8 (AURAL_NO_INT8=1 here);
+    AURAL_NO_WIDEN=1 keeps them f16. Both give JFK's tokens."""
+    monkeypatch.setenv("AURAL_NO_INT8", "1")
     widened = _native.Model(str(tiny_gguf), device="cpu")
     monkeypatch.setenv("AURAL_NO_WIDEN", "1")
     stored = _native.Model(str(tiny_gguf), device="cpu")
@@ -166,8 +168,9 @@ def test_cpu_gelu_matches_ggml_gelu_erf(tiny_gguf, jfk_mel, monkeypatch):
     """On the CPU the exact GELU runs as Aural's vectorised op (native/activation.cpp); AURAL_NO_SIMD_GELU=1
     keeps ggml's scalar one. Both compute 0.5 x (1 + erf(x / sqrt 2)) to within an f32 ulp, so the logits of
     the first step may differ only by rounding and JFK's tokens must be the same. (Without the output
-    screen, whose q8_0 rounding of the activations would hide this.)"""
+    screen and the int8 encoder, whose rounding of the activations would hide this.)"""
     monkeypatch.setenv("AURAL_NO_SCREEN", "1")
+    monkeypatch.setenv("AURAL_NO_INT8", "1")
     simd = _native.Model(str(tiny_gguf), device="cpu")
     monkeypatch.setenv("AURAL_NO_SIMD_GELU", "1")
     scalar = _native.Model(str(tiny_gguf), device="cpu")
@@ -178,11 +181,74 @@ def test_cpu_gelu_matches_ggml_gelu_erf(tiny_gguf, jfk_mel, monkeypatch):
     assert greedy(_native.Context(simd), jfk_mel) == greedy(_native.Context(scalar), jfk_mel)
 
 
+def test_cpu_encoder_attention_matches_flash_attention(tiny_gguf, jfk_mel, monkeypatch):
+    """On x86-64 CPUs the encoder's self-attention runs as Aural's op (native/attention.cpp);
+    AURAL_NO_SIMD_ATTENTION=1 keeps ggml_flash_attn_ext. Both compute softmax(q k^T / 8) v in f32 with
+    f32 accumulation, in other orders, so the first step's logits may differ only by rounding and JFK's
+    tokens must be the same with a 30 s window (1500 positions), a 15 s context (750: not a multiple of
+    the op's 32-position panels) and 601 positions (a query block that ends in a single row). (Without the
+    output screen and the int8 encoder, whose rounding of the activations would hide this.)"""
+    if _native.cpu_features().get("AVX2") != "1":
+        pytest.skip("Aural's attention op needs AVX2 or AVX-512")
+    monkeypatch.setenv("AURAL_NO_SCREEN", "1")
+    monkeypatch.setenv("AURAL_NO_INT8", "1")
+    own = _native.Model(str(tiny_gguf), device="cpu")
+    monkeypatch.setenv("AURAL_NO_SIMD_ATTENTION", "1")
+    flash = _native.Model(str(tiny_gguf), device="cpu")
+    assert own.simd_attention and not flash.simd_attention
+
+    a, b = first_logits(own, jfk_mel), first_logits(flash, jfk_mel)
+    assert np.abs(a - b).max() < 1e-3 * np.abs(b).max()
+    for positions in (601, 750, 1500):
+        mel = jfk_mel[:, : 2 * positions]
+        assert greedy(_native.Context(own), mel) == greedy(_native.Context(flash), mel)
+
+
+def test_int8_encoder_and_screen(tiny_gguf, jfk_mel, monkeypatch):
+    """On CPUs with AVX-512 VNNI the encoder's projections multiply as int8 (native/int8-matmul.cpp: one
+    scale per weight row and per activation column, as CTranslate2's int8 compute type) and the output
+    screen is an int8 copy of tok_emb; AURAL_NO_INT8=1 keeps widened f32 and a q8_0 screen. A copy holds
+    16-row panels: 16 bytes per input value and 128 bytes of row scales and sums. int8 rounding moved JFK's
+    best first-step logits by 0.34: they must stay within 0.5 and JFK's tokens must be the same. The int8
+    screen's rescored best tokens match scoring every token from tok_emb, its tail is off by its own
+    rounding (1.0 on the first step of JFK and of the sonnet)."""
+    if _native.cpu_features().get("AVX512_VNNI") != "1":
+        pytest.skip("the int8 kernels need AVX-512 VNNI")
+    int8 = _native.Model(str(tiny_gguf), device="cpu")
+    monkeypatch.setenv("AURAL_NO_INT8", "1")
+    plain = _native.Model(str(tiny_gguf), device="cpu")
+    hp = int8.hparams
+    n, layers = hp["n_audio_state"], hp["n_audio_layer"]
+
+    def copy_bytes(rows, cols):
+        return -(-rows // 16) * (16 * cols + 128)
+
+    per_layer = 4 * copy_bytes(n, n) + copy_bytes(4 * n, n) + copy_bytes(n, 4 * n)
+    assert int8.int8 and not plain.int8
+    assert int8.int8_bytes == layers * per_layer + hp["n_text_layer"] * 2 * copy_bytes(n, n)  # + cross K/V
+    assert int8.widened_bytes == 0 < plain.widened_bytes
+    assert int8.screen_bytes == copy_bytes(hp["n_vocab"], hp["n_text_state"])
+
+    a, b = first_logits(int8, jfk_mel), first_logits(plain, jfk_mel)
+    best = np.argsort(-b)[:5]
+    assert np.abs(a[best] - b[best]).max() < 0.5
+    assert greedy(_native.Context(int8), jfk_mel) == greedy(_native.Context(plain), jfk_mel)
+
+    monkeypatch.delenv("AURAL_NO_INT8")
+    monkeypatch.setenv("AURAL_NO_SCREEN", "1")
+    c = first_logits(_native.Model(str(tiny_gguf), device="cpu"), jfk_mel)
+    best = np.argsort(-c)[:5]
+    assert np.abs(a[best] - c[best]).max() < 0.01
+    assert 1e-3 < np.abs(a - c).max() < 1.5
+
+
 def test_output_screen_rescores_the_best_tokens(tiny_gguf, jfk_mel, monkeypatch):
     """On the CPU a q8_0 copy of tok_emb (51 864 rows of 12 blocks of 34 bytes) scores the vocabulary and the
     best 32 tokens per output are rescored from tok_emb itself; AURAL_NO_SCREEN=1 scores every token from
     tok_emb. The best tokens then match to the f16 rounding of the activations, the others to q8_0's
-    error (at most 0.44 over 106 steps of JFK and the sonnet), and JFK's tokens are the same."""
+    error (at most 0.44 over 106 steps of JFK and the sonnet), and JFK's tokens are the same. (The q8_0
+    screen, as on CPUs without AVX-512 VNNI: AURAL_NO_INT8=1; test_int8_* covers the int8 one.)"""
+    monkeypatch.setenv("AURAL_NO_INT8", "1")
     screened = _native.Model(str(tiny_gguf), device="cpu")
     monkeypatch.setenv("AURAL_NO_SCREEN", "1")
     plain = _native.Model(str(tiny_gguf), device="cpu")

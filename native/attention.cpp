@@ -1,0 +1,252 @@
+#include "attention.h"
+
+#include "vec-math.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define AURAL_X86_KERNELS 1
+#define AURAL_INLINE inline __attribute__((always_inline))
+// GCC notes that passing 256/512-bit vectors by value depends on the ISA. The helpers taking them are always
+// inlined into one entry point per ISA, so no vector crosses a real call.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+namespace aural {
+
+#ifdef AURAL_X86_KERNELS
+
+namespace {
+
+// W floats in one register (16: AVX-512, 8: AVX2). The kernels below are written once on GCC/Clang vector
+// types and inlined into one entry point per ISA (target attributes), which compiles them for that width.
+// (A dependent vector_size on an alias template is dropped by GCC, hence one typedef per width.)
+template <int W>
+struct vec_of;
+template <>
+struct vec_of<16> {
+    typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct vec_of<8> {
+    typedef float type __attribute__((vector_size(32)));
+};
+template <int W>
+using vec = typename vec_of<W>::type;
+
+template <int W>
+AURAL_INLINE vec<W> load(const float * p) {
+    vec<W> v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+template <int W>
+AURAL_INLINE void store(float * p, const vec<W> & v) {
+    std::memcpy(p, &v, sizeof v);
+}
+
+// One register tile: C[r][0, 2W) = sum_k A[r][k] B[k][0, 2W) for r < R (row strides lda, ldb, ldc floats).
+// 2R accumulators stay in registers; each k costs two loads of B, R broadcasts of A and 2R FMAs.
+template <int W, int R>
+AURAL_INLINE void tile(const float * a, int64_t lda, const float * b, int64_t ldb, int64_t k_len, float * c,
+                       int64_t ldc) {
+    vec<W> acc[R][2] = {};
+    for (int64_t k = 0; k < k_len; ++k) {
+        const vec<W> b0 = load<W>(b + k * ldb), b1 = load<W>(b + k * ldb + W);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+            const float ar = a[r * lda + k];
+            acc[r][0] += ar * b0;
+            acc[r][1] += ar * b1;
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+        store<W>(c + r * ldc, acc[r][0]);
+        store<W>(c + r * ldc + W, acc[r][1]);
+    }
+}
+
+// C[rows][0, 2W) as above, R rows at a time and the rest one by one.
+template <int W, int R>
+AURAL_INLINE void tile_rows(int64_t rows, const float * a, int64_t lda, const float * b, int64_t ldb, int64_t k_len,
+                            float * c, int64_t ldc) {
+    int64_t r = 0;
+    for (; r + R <= rows; r += R) {
+        tile<W, R>(a + r * lda, lda, b, ldb, k_len, c + r * ldc, ldc);
+    }
+    for (; r < rows; ++r) {
+        tile<W, 1>(a + r * lda, lda, b, ldb, k_len, c + r * ldc, ldc);
+    }
+}
+
+struct shapes {
+    int64_t n_state, n, head_dim;
+};
+
+constexpr int64_t block_rows = 32;  // query rows per task: their scores, 32 x n floats, stay in L2
+
+// Scores s[r][j] = q_r . k_j for the block's rows (unscaled), row stride ld >= n rounded up to 2W. The last
+// partial panel of positions is copied into a zero-padded panel so that every tile is whole.
+template <int W, int R>
+AURAL_INLINE void scores(const shapes & s, int64_t rows, const float * q, const float * kt, float * out, int64_t ld) {
+    constexpr int64_t P = 2 * W;
+    const int64_t full = s.n / P * P;
+    for (int64_t c = 0; c < full; c += P) {
+        tile_rows<W, R>(rows, q, s.n_state, kt + c, s.n, s.head_dim, out + c, ld);
+    }
+    if (full < s.n) {
+        std::vector<float> panel(static_cast<size_t>(s.head_dim * P), 0.0f);
+        for (int64_t d = 0; d < s.head_dim; ++d) {
+            std::memcpy(panel.data() + d * P, kt + d * s.n + full, sizeof(float) * (s.n - full));
+        }
+        tile_rows<W, R>(rows, q, s.n_state, panel.data(), P, s.head_dim, out + full, ld);
+    }
+}
+
+// Largest and sum of p[0, n): W lanes at a time, then the tail (a float reduction does not vectorise by
+// itself: the compiler may not reorder the additions).
+template <int W>
+AURAL_INLINE float row_max(const float * p, int64_t n) {
+    float mx = p[0];
+    int64_t j = 0;
+    if (n >= W) {
+        vec<W> m = load<W>(p);
+        for (j = W; j + W <= n; j += W) {
+            const vec<W> x = load<W>(p + j);
+            m = m > x ? m : x;
+        }
+        for (int l = 0; l < W; ++l) {
+            mx = std::max(mx, m[l]);
+        }
+    }
+    for (; j < n; ++j) {
+        mx = std::max(mx, p[j]);
+    }
+    return mx;
+}
+
+template <int W>
+AURAL_INLINE float row_sum(const float * p, int64_t n) {
+    vec<W> acc = {};
+    int64_t j = 0;
+    for (; j + W <= n; j += W) {
+        acc += load<W>(p + j);
+    }
+    float sum = 0.0f;
+    for (int l = 0; l < W; ++l) {
+        sum += acc[l];
+    }
+    for (; j < n; ++j) {
+        sum += p[j];
+    }
+    return sum;
+}
+
+// In place: p[j] = e^(scale (s[j] - max s)) over j < n; returns the row's sum.
+template <int W>
+AURAL_INLINE float softmax_numerators(float * p, int64_t n, float scale) {
+    const float mx = row_max<W>(p, n);
+    for (int64_t j = 0; j < n; ++j) {
+        p[j] = exp_neg(scale * (mx - p[j]));
+    }
+    return row_sum<W>(p, n);
+}
+
+// Thread ith of nth: tasks are (head, block of query rows), dealt round-robin.
+template <int W, int R>
+AURAL_INLINE void attend(ggml_tensor * dst, const ggml_tensor * q, const ggml_tensor * kt, const ggml_tensor * v,
+                         int n_head, int ith, int nth) {
+    const shapes s = {q->ne[0], q->ne[1], q->ne[0] / n_head};
+    const int64_t ld = (s.n + 2 * W - 1) / (2 * W) * (2 * W);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    const int64_t n_blocks = (s.n + block_rows - 1) / block_rows;
+
+    thread_local std::vector<float> buf;  // ggml's worker threads persist: allocated once per thread
+    buf.resize(static_cast<size_t>(block_rows * ld));
+    float sums[block_rows];
+
+    const auto * qd = static_cast<const float *>(q->data);
+    const auto * ktd = static_cast<const float *>(kt->data);
+    const auto * vd = static_cast<const float *>(v->data);
+    auto * od = static_cast<float *>(dst->data);
+    for (int64_t task = ith; task < n_head * n_blocks; task += nth) {
+        const int64_t h = task / n_blocks, i0 = task % n_blocks * block_rows;
+        const int64_t rows = std::min(block_rows, s.n - i0);
+        const int64_t col = h * s.head_dim;  // the head's first column in q, v and out; its first row in kt
+        scores<W, R>(s, rows, qd + i0 * s.n_state + col, ktd + col * s.n, buf.data(), ld);
+        for (int64_t r = 0; r < rows; ++r) {
+            sums[r] = softmax_numerators<W>(buf.data() + r * ld, s.n, scale);
+        }
+        float * out = od + i0 * s.n_state + col;
+        for (int64_t c = 0; c < s.head_dim; c += 2 * W) {
+            tile_rows<W, R>(rows, buf.data(), ld, vd + col + c, s.n_state, s.n, out + c, s.n_state);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            const float inv = 1.0f / sums[r];
+            for (int64_t c = 0; c < s.head_dim; ++c) {
+                out[r * s.n_state + c] *= inv;
+            }
+        }
+    }
+}
+
+// Register budgets: AVX-512 has 32 vector registers (8 rows: 16 accumulators), AVX2 16 (6 rows: 12).
+__attribute__((target("avx512f,fma"))) void attend_avx512(ggml_tensor * dst, const ggml_tensor * q,
+                                                          const ggml_tensor * kt, const ggml_tensor * v,
+                                                          int n_head, int ith, int nth) {
+    attend<16, 8>(dst, q, kt, v, n_head, ith, nth);
+}
+
+__attribute__((target("avx2,fma"))) void attend_avx2(ggml_tensor * dst, const ggml_tensor * q, const ggml_tensor * kt,
+                                                     const ggml_tensor * v, int n_head, int ith, int nth) {
+    attend<8, 6>(dst, q, kt, v, n_head, ith, nth);
+}
+
+void attention_op(ggml_tensor * dst, const ggml_tensor * q, const ggml_tensor * kt, const ggml_tensor * v, int ith,
+                  int nth, void * userdata) {
+    const int n_head = static_cast<int>(reinterpret_cast<intptr_t>(userdata));
+    if (__builtin_cpu_supports("avx512f")) {
+        attend_avx512(dst, q, kt, v, n_head, ith, nth);
+    } else {
+        attend_avx2(dst, q, kt, v, n_head, ith, nth);
+    }
+}
+
+}  // namespace
+
+bool encoder_attention_available() {
+    return __builtin_cpu_supports("avx512f") || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+}
+
+ggml_tensor * encoder_self_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * kt, ggml_tensor * v,
+                                     int n_head) {
+    const bool f32 = q->type == GGML_TYPE_F32 && kt->type == GGML_TYPE_F32 && v->type == GGML_TYPE_F32;
+    const bool contiguous = ggml_is_contiguous(q) && ggml_is_contiguous(kt) && ggml_is_contiguous(v);
+    const bool shaped = ggml_are_same_shape(q, v) && kt->ne[0] == q->ne[1] && kt->ne[1] == q->ne[0] &&
+                        q->ne[0] % n_head == 0 && q->ne[0] / n_head % 32 == 0;
+    if (!encoder_attention_available() || !f32 || !contiguous || !shaped) {
+        throw std::invalid_argument("encoder_self_attention: needs AVX2 or AVX-512 and contiguous f32 q, kt, v "
+                                    "shaped [n_state, n], [n, n_state], [n_state, n] with head_dim % 32 == 0");
+    }
+    return ggml_map_custom3(ctx, q, kt, v, attention_op, GGML_N_TASKS_MAX,
+                            reinterpret_cast<void *>(static_cast<intptr_t>(n_head)));
+}
+
+#else  // not x86-64 with GCC or Clang: the graph keeps ggml_flash_attn_ext
+
+bool encoder_attention_available() { return false; }
+
+ggml_tensor * encoder_self_attention(ggml_context *, ggml_tensor *, ggml_tensor *, ggml_tensor *, int) {
+    throw std::invalid_argument("encoder_self_attention: not built for this CPU");
+}
+
+#endif
+
+}  // namespace aural

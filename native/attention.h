@@ -1,0 +1,29 @@
+// The encoder's self-attention on the CPU, as Aural's own op: softmax(q k^T / sqrt(head_dim)) v per head,
+// with no mask (every audio position sees every other).
+//
+//   out = encoder_self_attention(ctx, q, kt, v, n_head);  // q, v: [n_state, n]; kt: [n, n_state]; out like q
+//
+// Why not ggml_flash_attn_ext: at 1500 positions ggml-cpu's flash attention reaches about half the speed of
+// its own matrix products (41 ms per layer against ~22 ms for the same 3.5 GFLOP on 2 cores, tiny.en), and
+// three ggml ops (mul_mat, soft_max, mul_mat) are slower still, since q k^T has an inner size of only 64 and
+// the 1500 x 1500 x n_head scores go through memory. This op keeps a block of 32 query rows' scores
+// (32 x n floats) in the core's cache and computes both products with register-tiled broadcast FMAs.
+// K comes transposed (kt: row d holds dimension d of every position), which the projection gives for free:
+// ggml_mul_mat(x, w_k) instead of ggml_mul_mat(w_k, x).
+//
+// CPU only (x86-64 with AVX-512 or AVX2); encoder_attention_available() says whether this CPU has it.
+#pragma once
+
+#include "ggml.h"
+
+namespace aural {
+
+// Whether this CPU runs the op (AVX-512F or AVX2 with FMA).
+bool encoder_attention_available();
+
+// q, kt, v: contiguous f32 as above, head_dim = n_state / n_head a multiple of 32. Result [n_state, n] f32,
+// heads concatenated per position as in Whisper's MultiHeadAttention before its output projection.
+ggml_tensor * encoder_self_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * kt, ggml_tensor * v,
+                                     int n_head);
+
+}  // namespace aural

@@ -1,0 +1,171 @@
+#include "int8-matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define AURAL_VNNI_KERNELS 1
+#define AURAL_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#endif
+
+namespace aural {
+
+void int8_pack(const float * rows, int64_t n_rows, int64_t n_cols, int8_t * out) {
+    const int64_t n_panels = (n_rows + int8_panel_rows - 1) / int8_panel_rows;
+    for (int64_t p = 0; p < n_panels; ++p) {
+        int8_t * panel = out + p * int8_panel_bytes(n_cols);
+        float scales[int8_panel_rows] = {};
+        int32_t sums[int8_panel_rows] = {};
+        for (int64_t r = 0; r < int8_panel_rows; ++r) {
+            const int64_t row = p * int8_panel_rows + r;
+            const float * src = rows + row * n_cols;
+            float amax = 0.0f;
+            for (int64_t k = 0; row < n_rows && k < n_cols; ++k) {
+                amax = std::max(amax, std::fabs(src[k]));
+            }
+            scales[r] = amax / 127.0f;
+            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            for (int64_t k = 0; k < n_cols; ++k) {
+                const auto q = static_cast<int8_t>(row < n_rows ? std::nearbyint(src[k] * inv) : 0.0f);
+                panel[(k / 4) * 4 * int8_panel_rows + r * 4 + k % 4] = q;
+                sums[r] += q;
+            }
+        }
+        std::memcpy(panel + n_cols * int8_panel_rows, scales, sizeof scales);
+        std::memcpy(panel + n_cols * int8_panel_rows + sizeof scales, sums, sizeof sums);
+    }
+}
+
+#ifdef AURAL_VNNI_KERNELS
+
+namespace {
+
+// Quantised activations: per column of x, n_cols bytes of u8 (q + 128, q = round(x / s) in [-127, 127])
+// and then s (f32). VPDPBUSD multiplies unsigned by signed bytes, hence the offset, which the product
+// takes back out as 128 x the weight row's sum.
+int64_t xq_row_bytes(int64_t n_cols) { return n_cols + 4; }
+
+AURAL_VNNI void quantize_column(const float * x, int64_t n_cols, uint8_t * out) {
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n_cols; k += 16) {
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+    }
+    const float m = _mm512_reduce_max_ps(amax);
+    const float s = m / 127.0f;
+    const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    const __m512i offset = _mm512_set1_epi32(128);
+    for (int64_t k = 0; k < n_cols; k += 16) {
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), inv));  // round to nearest
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(out + k), _mm512_cvtusepi32_epi8(_mm512_add_epi32(q, offset)));
+    }
+    std::memcpy(out + n_cols, &s, sizeof s);
+}
+
+void quantize_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * x = dst->src[0];
+    const int64_t n_cols = x->ne[0], m = x->ne[1];
+    for (int64_t c = ith; c < m; c += nth) {
+        quantize_column(static_cast<const float *>(x->data) + c * n_cols, n_cols,
+                        static_cast<uint8_t *>(dst->data) + c * dst->nb[1]);
+    }
+}
+
+// out[c][0, 16) for C columns of xq against one panel: 16 rows in the lanes of one register per column.
+template <int C>
+AURAL_VNNI inline __attribute__((always_inline)) void panel_tile(const int8_t * panel, int64_t n_cols,
+                                                                 const uint8_t * xq, int64_t xq_stride, float * out,
+                                                                 int64_t out_stride, __mmask16 rows) {
+    __m512i acc[C];
+    for (int c = 0; c < C; ++c) {
+        acc[c] = _mm512_setzero_si512();
+    }
+    for (int64_t g = 0; g < n_cols / 4; ++g) {
+        const __m512i w = _mm512_loadu_si512(panel + g * 64);
+        for (int c = 0; c < C; ++c) {
+            int32_t four;
+            std::memcpy(&four, xq + c * xq_stride + g * 4, sizeof four);
+            acc[c] = _mm512_dpbusd_epi32(acc[c], _mm512_set1_epi32(four), w);
+        }
+    }
+    const int8_t * tail = panel + n_cols * int8_panel_rows;
+    const __m512 w_scale = _mm512_loadu_ps(reinterpret_cast<const float *>(tail));
+    const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(tail + 64), 7);  // 128 x row sums
+    for (int c = 0; c < C; ++c) {
+        float x_scale;
+        std::memcpy(&x_scale, xq + c * xq_stride + n_cols, sizeof x_scale);
+        const __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[c], offset)),
+                                       _mm512_mul_ps(w_scale, _mm512_set1_ps(x_scale)));
+        _mm512_mask_storeu_ps(out + c * out_stride, rows, y);
+    }
+}
+
+constexpr int block_cols = 8;  // columns per tile: 8 accumulators, one weight load per 8 VPDPBUSD
+
+template <int C = block_cols>
+AURAL_VNNI void panel_cols(const int8_t * panel, int64_t n_cols, const uint8_t * xq, int64_t xq_stride, int64_t m,
+                           float * out, int64_t out_stride, __mmask16 rows) {
+    if constexpr (C > 0) {
+        if (m >= C) {
+            for (int64_t c = 0; c + C <= m; c += C) {
+                panel_tile<C>(panel, n_cols, xq + c * xq_stride, xq_stride, out + c * out_stride, out_stride, rows);
+            }
+            const int64_t done = m / C * C;
+            m -= done;
+            xq += done * xq_stride;
+            out += done * out_stride;
+        }
+        panel_cols<C - 1>(panel, n_cols, xq, xq_stride, m, out, out_stride, rows);
+    }
+}
+
+// Thread ith of nth computes a contiguous range of panels (16 output rows each) for every column.
+void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * xq = dst->src[1];
+    const int64_t n_rows = dst->ne[0], m = dst->ne[1], n_cols = xq->ne[0] - 4, n_panels = w->ne[1];
+    const int64_t p0 = n_panels * ith / nth, p1 = n_panels * (ith + 1) / nth;
+    for (int64_t p = p0; p < p1; ++p) {
+        const int64_t live = std::min<int64_t>(int8_panel_rows, n_rows - p * int8_panel_rows);
+        const auto rows = static_cast<__mmask16>((1u << live) - 1);
+        panel_cols(static_cast<const int8_t *>(w->data) + p * w->nb[1], n_cols,
+                   static_cast<const uint8_t *>(xq->data), xq->nb[1], m,
+                   static_cast<float *>(dst->data) + p * int8_panel_rows, n_rows, rows);
+    }
+}
+
+}  // namespace
+
+bool int8_matmul_available() {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+ggml_tensor * int8_matmul(ggml_context * ctx, ggml_tensor * w, int64_t n_rows, ggml_tensor * x) {
+    const int64_t n_cols = x->ne[0];
+    if (!int8_matmul_available() || w->type != GGML_TYPE_I8 || x->type != GGML_TYPE_F32 || !ggml_is_contiguous(x) ||
+        n_cols % 16 != 0 || w->ne[0] != int8_panel_bytes(n_cols) ||
+        w->ne[1] != (n_rows + int8_panel_rows - 1) / int8_panel_rows || ggml_nrows(x) != x->ne[1]) {
+        throw std::invalid_argument("int8_matmul: needs AVX-512 VNNI, a packed I8 matrix and contiguous 2-D f32 "
+                                    "activations with a multiple of 16 values per column");
+    }
+    ggml_tensor * args[] = {x};
+    ggml_tensor * xq = ggml_custom_4d(ctx, GGML_TYPE_I8, xq_row_bytes(n_cols), x->ne[1], 1, 1, args, 1, quantize_op,
+                                      GGML_N_TASKS_MAX, nullptr);
+    ggml_tensor * margs[] = {w, xq};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, n_rows, x->ne[1], 1, 1, margs, 2, matmul_op, GGML_N_TASKS_MAX, nullptr);
+}
+
+#else  // not x86-64 with GCC or Clang
+
+bool int8_matmul_available() { return false; }
+
+ggml_tensor * int8_matmul(ggml_context *, ggml_tensor *, int64_t, ggml_tensor *) {
+    throw std::invalid_argument("int8_matmul: not built for this CPU");
+}
+
+#endif
+
+}  // namespace aural

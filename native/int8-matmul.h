@@ -1,0 +1,39 @@
+// Matrix products with int8 weights and int8 activations on CPUs with AVX-512 VNNI, as CTranslate2's int8
+// compute type does: each weight row has one scale (absmax / 127), each activation column one scale, set
+// when it is computed, and the products accumulate exactly in int32.
+//
+//   int8_pack(values, n_rows, n_cols, packed);  // at load: f32 rows -> an I8 tensor's data (layout below)
+//   y = int8_matmul(ctx, packed, n_rows, x);    // x [n_cols, m] f32 -> y [n_rows, m] f32
+//
+// Why: ggml-cpu's own int8 path (q8_0) reaches about half the speed of its f32 kernels here (one scale per
+// 32 values, 256-bit dot products), so f32 was the fastest weight type on the CPU. VPDPBUSD multiplies 64
+// byte pairs per instruction against 16 f32 FMAs: the encoder's projections run ~2x faster than f32.
+//
+// Layout of a packed matrix (one I8 ggml tensor [panel_bytes(n_cols), n_panels]): panels of 16 rows; in a
+// panel, for each group of 4 columns, 16 rows x 4 int8 (64 bytes: one VPDPBUSD operand); then the 16 rows'
+// scales (f32) and column sums of the int8 values (i32, for the unsigned-activation offset). Rows past
+// n_rows are zero.
+#pragma once
+
+#include <cstdint>
+
+#include "ggml.h"
+
+namespace aural {
+
+// Whether this CPU runs the kernels (AVX-512 F, BW and VNNI).
+bool int8_matmul_available();
+
+constexpr int64_t int8_panel_rows = 16;
+
+// Bytes of one packed panel of 16 rows of n_cols values (n_cols a multiple of 4).
+inline int64_t int8_panel_bytes(int64_t n_cols) { return n_cols * int8_panel_rows + 2 * 4 * int8_panel_rows; }
+
+// Packs f32 rows [n_rows][n_cols] into `out` (int8_panel_bytes(n_cols) * ceil(n_rows / 16) bytes).
+void int8_pack(const float * rows, int64_t n_rows, int64_t n_cols, int8_t * out);
+
+// y = w x: w a packed I8 tensor [int8_panel_bytes(n_cols), n_panels] of n_rows real rows, x [n_cols, m] f32.
+// Two nodes: the activations are quantised per column first (u8 with an offset of 128, and a scale).
+ggml_tensor * int8_matmul(ggml_context * ctx, ggml_tensor * w, int64_t n_rows, ggml_tensor * x);
+
+}  // namespace aural
