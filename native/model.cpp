@@ -121,7 +121,7 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->ctx_ = meta_ctx;
     m->read_hparams(meta.get());
     m->bind_tensors();
-    // env: AURAL_NO_INT8=1 keeps the encoder's projections and the screen in ggml's types (debugging, A/B).
+    // env: AURAL_NO_INT8=1 keeps the projections and the screen in ggml's types (debugging, A/B).
     m->int8 = m->on_cpu() && int8_matmul_available() && !env_flag("AURAL_NO_INT8") &&
               (m->tok_emb->type == GGML_TYPE_F16 || m->tok_emb->type == GGML_TYPE_F32);
     m->widen_encoder_projections();
@@ -398,9 +398,11 @@ void model::read_weights(gguf_context * meta) {
 
 // Copies of weights that only the CPU's kernels read, made at load from the weights themselves:
 //
-// * int8 (int8 set): the encoder's projections as int8-matmul.h panels. VPDPBUSD runs the encoder's
-//   products ~2.5x faster than f32 (fc1 3.7 against 11.4 ms for 1536 x 384 x 1500 on 2 cores), with the
-//   error of CTranslate2's int8 compute type (one scale per weight row and per activation column).
+// * int8 (int8 set): every layer's projections as int8-matmul.h panels, with the error of CTranslate2's
+//   int8 compute type (one scale per weight row and per activation column). VPDPBUSD runs the encoder's
+//   products ~2.5x faster than f32 (fc1 3.7 against 11.4 ms for 1536 x 384 x 1500 on 2 cores), and a
+//   decoder step reads half the bytes of f16 (JFK greedy: 1.9 against 3.4 ms per step). The 18 dev clips
+//   lose nothing (bench/results/wer.md).
 //
 // * The output screen. Each decoder step ends with the tied output projection, the largest read of the
 //   step: for tiny.en 51 864 x 384 f16 = 38 MiB of the ~62 MiB a one-token step reads
@@ -415,7 +417,7 @@ void model::make_cpu_copies() {
     const bool screen = on_cpu() && tok_emb->type == GGML_TYPE_F16 && !env_flag("AURAL_NO_SCREEN");
     std::vector<ggml_tensor *> packed;
     if (int8) {
-        for (ggml_tensor * w : encoder_projections()) {
+        for (ggml_tensor * w : matmul_weights()) {
             if ((w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32) && w->ne[0] % 16 == 0) {
                 packed.push_back(w);
             }

@@ -204,12 +204,13 @@ def test_cpu_encoder_attention_matches_flash_attention(tiny_gguf, jfk_mel, monke
         assert greedy(_native.Context(own), mel) == greedy(_native.Context(flash), mel)
 
 
-def test_int8_encoder_and_screen(tiny_gguf, jfk_mel, monkeypatch):
-    """On CPUs with AVX-512 VNNI the encoder's projections multiply as int8 (native/int8-matmul.cpp: one
+def test_int8_projections_and_screen(tiny_gguf, jfk_mel, monkeypatch):
+    """On CPUs with AVX-512 VNNI every layer's projections multiply as int8 (native/int8-matmul.cpp: one
     scale per weight row and per activation column, as CTranslate2's int8 compute type) and the output
-    screen is an int8 copy of tok_emb; AURAL_NO_INT8=1 keeps widened f32 and a q8_0 screen. A copy holds
+    screen is an int8 copy of tok_emb; AURAL_NO_INT8=1 keeps f16 (the encoder's widened to f32) and a
+    q8_0 screen. A copy holds
     16-row panels: 16 bytes per input value and 128 bytes of row scales and sums. int8 rounding moved JFK's
-    best first-step logits by 0.34: they must stay within 0.5 and JFK's tokens must be the same. The int8
+    best first-step logits by 0.68: they must stay within 1.0 and JFK's tokens must be the same. The int8
     screen's rescored best tokens match scoring every token from tok_emb, its tail is off by its own
     rounding (1.0 on the first step of JFK and of the sonnet)."""
     if _native.cpu_features().get("AVX512_VNNI") != "1":
@@ -223,15 +224,16 @@ def test_int8_encoder_and_screen(tiny_gguf, jfk_mel, monkeypatch):
     def copy_bytes(rows, cols):
         return -(-rows // 16) * (16 * cols + 128)
 
-    per_layer = 4 * copy_bytes(n, n) + copy_bytes(4 * n, n) + copy_bytes(n, 4 * n)
+    mlp = copy_bytes(4 * n, n) + copy_bytes(n, 4 * n)
+    encoder, decoder = 4 * copy_bytes(n, n) + mlp, 8 * copy_bytes(n, n) + mlp  # decoder: self and cross
     assert int8.int8 and not plain.int8
-    assert int8.int8_bytes == layers * per_layer + hp["n_text_layer"] * 2 * copy_bytes(n, n)  # + cross K/V
+    assert int8.int8_bytes == layers * encoder + hp["n_text_layer"] * decoder
     assert int8.widened_bytes == 0 < plain.widened_bytes
     assert int8.screen_bytes == copy_bytes(hp["n_vocab"], hp["n_text_state"])
 
     a, b = first_logits(int8, jfk_mel), first_logits(plain, jfk_mel)
     best = np.argsort(-b)[:5]
-    assert np.abs(a[best] - b[best]).max() < 0.5
+    assert np.abs(a[best] - b[best]).max() < 1.0
     assert greedy(_native.Context(int8), jfk_mel) == greedy(_native.Context(plain), jfk_mel)
 
     monkeypatch.delenv("AURAL_NO_INT8")

@@ -63,10 +63,10 @@ void register_model(py::module_ & m) {
                                "Whether the encoder's self-attention runs as Aural's CPU op instead of ggml's "
                                "flash attention (x86-64 with AVX2 or AVX-512).")
         .def_property_readonly("int8", [](const model & self) { return self.int8; },
-                               "Whether the encoder's projections multiply as int8 with AVX-512 VNNI (and the "
+                               "Whether the layers' projections multiply as int8 with AVX-512 VNNI (and the "
                                "output screen is an int8 copy), as CTranslate2's int8 compute type.")
         .def_property_readonly("int8_bytes", [](const model & self) { return self.int8_bytes; },
-                               "Bytes of the int8 copies of the encoder's projections (0: none).")
+                               "Bytes of the int8 copies of the layers' projections (0: none).")
         .def_property_readonly("screen_bytes", [](const model & self) { return self.screen_bytes; },
                                "Bytes of the int8 or q8_0 copy of the output projection that screens the vocabulary "
                                "before the best tokens are rescored (0: none; CPU with f16 weights only).")
