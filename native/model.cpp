@@ -129,9 +129,10 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->simd_gelu = m->on_cpu() && !env_flag("AURAL_NO_SIMD_GELU");
     // env: AURAL_NO_SIMD_ATTENTION=1 keeps ggml_flash_attn_ext in the encoder on the CPU too (debugging, A/B).
     m->simd_attention = m->on_cpu() && encoder_attention_available() && !env_flag("AURAL_NO_SIMD_ATTENTION");
+    m->make_cpu_copies();
     m->allocate_weights();
     m->read_weights(meta.get());
-    m->make_cpu_copies();
+    m->fill_screen();
     AURAL_LOG_INFO("%s: %u+%u layers, %.1f MiB of weights on %s", path.c_str(), m->hp.n_audio_layer,
                    m->hp.n_text_layer, m->weights_bytes / 1048576.0, ggml_backend_dev_name(m->dev));
     return m;
@@ -306,6 +307,9 @@ void model::allocate_weights() {
     const std::vector<ggml_backend_buffer_type_t> extras = extra_bufts(dev);
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> groups;
     for (ggml_tensor * t = ggml_get_first_tensor(ctx_); t; t = ggml_get_next_tensor(ctx_, t)) {
+        if (int8_of(t)) {
+            continue;  // read_weights fills its int8 copy; the graphs never read the matrix itself
+        }
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
         for (ggml_backend_buffer_type_t e : extras) {
             if (projections.count(t) && buft_runs_matmul(dev, e, t)) {
@@ -368,8 +372,16 @@ void model::read_weights(gguf_context * meta) {
         const size_t nbytes = ggml_nbytes(t);
         // note: a repacking buffer converts a whole tensor per set_tensor call (ggml-cpu repack.cpp
         // asserts offset 0 and the full size), so its tensors are staged whole.
-        const size_t chunk = ggml_backend_buffer_get_type(t->buffer) == default_buft ? staging_bytes : nbytes;
+        const size_t chunk = !t->buffer || ggml_backend_buffer_get_type(t->buffer) == default_buft ? staging_bytes : nbytes;
         std::fseek(file.get(), static_cast<long>(data_offset + gguf_get_tensor_offset(meta, id)), SEEK_SET);
+        if (ggml_tensor * copy = int8_of(t)) {  // f16/f32 in the file, only its int8 copy in memory
+            staging.resize(nbytes);
+            if (std::fread(staging.data(), 1, nbytes, file.get()) != nbytes) {
+                throw std::runtime_error(path + ": read error in tensor '" + std::string(ggml_get_name(t)) + "'");
+            }
+            fill_copy(t, staging.data(), copy);
+            continue;
+        }
         if (widened_.count(t)) {  // f16 in the file; widened only on the CPU, whose buffers are host memory
             std::vector<ggml_fp16_t> half(static_cast<size_t>(ggml_nelements(t)));
             if (std::fread(half.data(), sizeof(ggml_fp16_t), half.size(), file.get()) != half.size()) {
@@ -396,9 +408,10 @@ void model::read_weights(gguf_context * meta) {
     }
 }
 
-// Copies of weights that only the CPU's kernels read, made at load from the weights themselves:
+// Copies of weights that only the CPU's kernels read, laid out here before the weights are allocated:
 //
-// * int8 (int8 set): every layer's projections as int8-matmul.h panels, with the error of CTranslate2's
+// * int8 (int8 set): every layer's projections as int8-matmul.h panels, which read_weights fills from the
+//   file instead of the matrices (those are not allocated), with the error of CTranslate2's
 //   int8 compute type (one scale per weight row and per activation column). VPDPBUSD runs the encoder's
 //   products ~2.5x faster than f32 (fc1 3.7 against 11.4 ms for 1536 x 384 x 1500 on 2 cores), and a
 //   decoder step reads half the bytes of f16 (JFK greedy: 1.9 against 3.4 ms per step). The 18 dev clips
@@ -411,7 +424,7 @@ void model::read_weights(gguf_context * meta) {
 //   every token with q8_0 cost words with beam 5 (dev 7.7 % against 6.3 %), so the copy only screens: the
 //   decoder scores the whole vocabulary with it, then rescores the best candidates with tok_emb itself
 //   (graph.cpp, output_logits). A GPU reads the f16 matrix at its own bandwidth, and the copy would take
-//   device memory.
+//   device memory. fill_screen fills it from tok_emb once that is read.
 // env: AURAL_NO_SCREEN=1 scores every token with tok_emb (debugging, A/B).
 void model::make_cpu_copies() {
     const bool screen = on_cpu() && tok_emb->type == GGML_TYPE_F16 && !env_flag("AURAL_NO_SCREEN");
@@ -448,26 +461,28 @@ void model::make_cpu_copies() {
     buffers_.push_back(buf);
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     for (const auto & [w, copy] : int8_copies_) {
-        fill_copy(w, copy);
         int8_bytes += ggml_nbytes(copy);
     }
-    if (out_screen) {
-        fill_copy(tok_emb, out_screen);
-        screen_bytes = ggml_nbytes(out_screen);
-    }
+    screen_bytes = out_screen ? ggml_nbytes(out_screen) : 0;
     AURAL_LOG_INFO("CPU weight copies: %zu int8 matrices (%.1f MiB), %s output screen (%.1f MiB)", int8_copies_.size(),
                    int8_bytes / 1048576.0, out_screen ? ggml_type_name(out_screen->type) : "no",
                    screen_bytes / 1048576.0);
 }
 
-// Fills `copy` (int8 panels or q8_0 rows) from the f16/f32 matrix w, in blocks of rows through an f32
-// staging block (both quantisers take f32).
-void model::fill_copy(const ggml_tensor * w, ggml_tensor * copy) {
+void model::fill_screen() {
+    if (out_screen) {
+        fill_copy(tok_emb, tok_emb->data, out_screen);
+    }
+}
+
+// Fills `copy` (int8 panels or q8_0 rows) from `data`, the f16/f32 values of matrix w, in blocks of rows
+// through an f32 staging block (both quantisers take f32).
+void model::fill_copy(const ggml_tensor * w, const void * data, ggml_tensor * copy) {
     const int64_t n_per_row = w->ne[0], n_rows = w->ne[1], block = 4096;  // a multiple of int8_panel_rows
     std::vector<float> rows(static_cast<size_t>(n_per_row * block));
     for (int64_t r0 = 0; r0 < n_rows; r0 += block) {
         const int64_t n = std::min(block, n_rows - r0);
-        const char * src = static_cast<const char *>(w->data) + r0 * w->nb[1];
+        const char * src = static_cast<const char *>(data) + r0 * w->nb[1];
         if (w->type == GGML_TYPE_F16) {
             ggml_fp16_to_fp32_row(reinterpret_cast<const ggml_fp16_t *>(src), rows.data(), n * n_per_row);
         } else {

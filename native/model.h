@@ -124,7 +124,8 @@ class model {
     void allocate_weights();
     void read_weights(gguf_context * meta);
     void make_cpu_copies();
-    void fill_copy(const ggml_tensor * w, ggml_tensor * copy);
+    void fill_screen();
+    void fill_copy(const ggml_tensor * w, const void * data, ggml_tensor * copy);
 
     ggml_context * ctx_ = nullptr;                 // tensor metadata (no data)
     ggml_context * copies_ctx_ = nullptr;          // metadata of out_screen and the int8 copies (made here)

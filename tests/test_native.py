@@ -209,7 +209,8 @@ def test_int8_projections_and_screen(tiny_gguf, jfk_mel, monkeypatch):
     scale per weight row and per activation column, as CTranslate2's int8 compute type) and the output
     screen is an int8 copy of tok_emb; AURAL_NO_INT8=1 keeps f16 (the encoder's widened to f32) and a
     q8_0 screen. A copy holds
-    16-row panels: 16 bytes per input value and 128 bytes of row scales and sums. int8 rounding moved JFK's
+    16-row panels: 16 bytes per input value and 128 bytes of row scales and sums; the matrices it copies
+    are read from the file into it and not kept. int8 rounding moved JFK's
     best first-step logits by 0.68: they must stay within 1.0 and JFK's tokens must be the same. The int8
     screen's rescored best tokens match scoring every token from tok_emb, its tail is off by its own
     rounding (1.0 on the first step of JFK and of the sonnet)."""
@@ -229,6 +230,10 @@ def test_int8_projections_and_screen(tiny_gguf, jfk_mel, monkeypatch):
     assert int8.int8 and not plain.int8
     assert int8.int8_bytes == layers * encoder + hp["n_text_layer"] * decoder
     assert int8.widened_bytes == 0 < plain.widened_bytes
+    # The matrices themselves are not kept: the weight buffers shrink by their f16 bytes (alignment aside).
+    f16_matrices = 2 * n * n * (layers * 12 + hp["n_text_layer"] * 16)
+    kept = plain.weights_bytes - plain.widened_bytes // 2 - int8.weights_bytes
+    assert f16_matrices - 65536 < kept < f16_matrices + 65536
     assert int8.screen_bytes == copy_bytes(hp["n_vocab"], hp["n_text_state"])
 
     a, b = first_logits(int8, jfk_mel), first_logits(plain, jfk_mel)
