@@ -490,6 +490,7 @@ def _native_report() -> dict[str, Any]:
         "devices": devices,
         "selected_device": _native.select_device("auto"),
         "cpu_features": dict(_native.cpu_features()),
+        "cpu_kernels": dict(_native.cpu_kernels()),
         "default_threads": _native.default_threads(),
     }
 
@@ -531,6 +532,13 @@ def _model_status() -> dict[str, Any]:
     }
 
 
+def _format_kernels(kernels: dict[str, bool]) -> str:
+    """Aural's own CPU kernels this CPU runs; the others fall back to ggml's (README: CPU-only speed-ups)."""
+    names = {"int8_matmul": "int8 matmul (AVX-512 VNNI)", "encoder_attention": "encoder attention"}
+    used = [names.get(k, k) for k, on in kernels.items() if on]
+    return ", ".join(used) if used else "none (ggml's kernels only)"
+
+
 def _gib(n_bytes: int) -> str:
     return f"{n_bytes / 2**30:.1f} GiB"
 
@@ -548,6 +556,7 @@ def _format_doctor(report: dict[str, Any]) -> str:
             ("selected device", report["selected_device"]),
             ("default threads", str(report["default_threads"])),
             ("cpu features", " ".join(k if v == "1" else f"{k}={v}" for k, v in report["cpu_features"].items())),
+            ("aural cpu kernels", _format_kernels(report["cpu_kernels"])),
         ]
     for name, status in report["packages"].items():
         shown = (status["version"] or "available") if status["available"] else f"missing ({status['error']})"

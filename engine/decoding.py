@@ -415,11 +415,20 @@ def _rank_score(sum_logprob: float, length: int, length_penalty: float | None) -
     return sum_logprob / max(penalty, 1e-9)
 
 
-def _filtered_logprobs(row: np.ndarray, sampled: Sequence[int], filters: list[LogitFilter]) -> np.ndarray:
+def _best_logprobs(row: np.ndarray, sampled: Sequence[int], filters: list[LogitFilter],
+                   k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k most probable tokens after the filters and their log-probabilities, as _log_softmax gives them
+    (same arithmetic, same bits), without forming the whole vocabulary's log-probabilities: a beam step
+    needs k of them, and the full vector cost a third of beam search's Python time."""
     logits = np.array(row, dtype=np.float32)
     for apply in filters:
         apply(logits, sampled)
-    return _log_softmax(logits)
+    best = np.argpartition(logits, -k)[-k:]
+    x = logits.astype(np.float64)
+    top = np.max(x)
+    if not np.isfinite(top):
+        return best, np.full(k, -np.inf)
+    return best, (x[best] - top) - np.log(np.sum(np.exp(x - top)))
 
 
 def _decode_beams(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.Event | None) -> DecodingResult:
@@ -447,10 +456,9 @@ def _decode_beams(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.
         start = time.perf_counter()
         candidates: dict[tuple[int, ...], tuple[float, int]] = {}
         for j, (prefix, row) in enumerate(zip(beams, rows)):
-            logprobs = _filtered_logprobs(row, prefix, pre.filters)
-            for token in np.argpartition(-logprobs, n_beams)[:n_beams + 1]:
+            for token, logprob in zip(*_best_logprobs(row, prefix, pre.filters, n_beams + 1)):
                 seq = (*prefix, int(token))
-                score = scores[j] + float(logprobs[token])
+                score = scores[j] + float(logprob)
                 if np.isfinite(score) and score > candidates.get(seq, (-np.inf, 0))[0]:
                     candidates[seq] = (score, j)
         kept: list[tuple[tuple[int, ...], float, int]] = []

@@ -33,7 +33,7 @@ from .features import AUDIO_CTX_MODES, HOP_LENGTH, N_FRAMES, N_SAMPLES, context_
 from .metrics import Timings, TokenTimer
 from .runtime import MAX_SEQUENCES, WhisperModel
 from .tokenizer import TIME_PRECISION, WhisperTokenizer, normalize_language
-from .vad_filter import SpeechMap, VadFilterOptions, keep_regions, speech_regions
+from .vad_filter import SpeechMap, VadFilterOptions, has_speech, keep_regions, speech_regions
 
 __all__ = [
     "TranscribeOptions",
@@ -525,10 +525,9 @@ class _Run:
             return False
         samples = self.rolling.window(seek * HOP_LENGTH, segment_size * HOP_LENGTH)
         try:
-            regions, _ = speech_regions([samples])
+            return not has_speech([samples])
         except ImportError:
             return False
-        return not regions
 
     def _add_words(self, segments: list[Segment], result: DecodingResult, seek: int,
                    segment_size: int) -> list[Segment]:

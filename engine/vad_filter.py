@@ -24,7 +24,7 @@ import numpy as np
 
 from .vad import FRAME_SAMPLES, SpeechGate
 
-__all__ = ["VadFilterOptions", "SpeechRegions", "SpeechMap", "speech_regions", "keep_regions"]
+__all__ = ["VadFilterOptions", "SpeechRegions", "SpeechMap", "speech_regions", "has_speech", "keep_regions"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,16 @@ class SpeechRegions:
         if position - self._quiet_since >= o.min_silence_s * SAMPLE_RATE:
             self._close(self._quiet_since)
 
+    @property
+    def speech_certain(self) -> bool:
+        """Whether `finish` will return a region whatever frames follow: one has closed, or the open one
+        is in speech and already longer than `min_speech_s` (it ends a frame from now at the earliest)."""
+        if self.raw:
+            return True
+        if self._start is None or self._quiet_since is not None:
+            return False
+        return self._frame * FRAME_SAMPLES - self._start > self.options.min_speech_s * SAMPLE_RATE
+
     def _close(self, end: int) -> None:
         if end - self._start > self.options.min_speech_s * SAMPLE_RATE:
             self.raw.append([self._start, end])
@@ -134,6 +144,21 @@ def speech_regions(chunks: Iterable[np.ndarray], options: VadFilterOptions | Non
     kept = sum(end - start for start, end in found)
     logger.info("VAD kept %.1f s of %.1f s in %d regions", kept / SAMPLE_RATE, total / SAMPLE_RATE, len(found))
     return found, total
+
+
+def has_speech(chunks: Iterable[np.ndarray], options: VadFilterOptions | None = None) -> bool:
+    """Whether `speech_regions` would find a region in `chunks`; the scan stops at the frame that settles
+    it (in speech, often the first second), not at the end of the audio."""
+    gate = SpeechGate()
+    regions = SpeechRegions(options or VadFilterOptions())
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        for frame in gate.process(chunk):
+            regions.add(frame.prob)
+            if regions.speech_certain:
+                return True
+    return bool(regions.finish(total))
 
 
 def keep_regions(chunks: Iterable[np.ndarray], regions: list[tuple[int, int]]) -> Iterator[np.ndarray]:

@@ -118,8 +118,8 @@ ggml_tensor * attention_kv(ggml_context * ctx, ggml_tensor * x, int n_head, bool
 }
 
 // Encoder self-attention of x [n_state, n] before the output projection, by flash attention (any backend).
-ggml_tensor * encoder_attention(ggml_context * ctx, const model & m, ggml_tensor * x, const attn_weights & w, int n_head,
-                                bool kv_f16) {
+ggml_tensor * encoder_attention(ggml_context * ctx, const model & m, ggml_tensor * x, const attn_weights & w,
+                                int n_head, bool kv_f16) {
     ggml_tensor * q = linear(ctx, m, x, w.q_w, w.q_b);
     ggml_tensor * k = attention_kv(ctx, linear(ctx, m, x, w.k_w, nullptr), n_head, kv_f16);
     ggml_tensor * v = attention_kv(ctx, linear(ctx, m, x, w.v_w, w.v_b), n_head, kv_f16);

@@ -370,9 +370,6 @@ void model::read_weights(gguf_context * meta) {
     for (ggml_tensor * t = ggml_get_first_tensor(ctx_); t; t = ggml_get_next_tensor(ctx_, t)) {
         const int64_t id = gguf_find_tensor(meta, ggml_get_name(t));
         const size_t nbytes = ggml_nbytes(t);
-        // note: a repacking buffer converts a whole tensor per set_tensor call (ggml-cpu repack.cpp
-        // asserts offset 0 and the full size), so its tensors are staged whole.
-        const size_t chunk = !t->buffer || ggml_backend_buffer_get_type(t->buffer) == default_buft ? staging_bytes : nbytes;
         std::fseek(file.get(), static_cast<long>(data_offset + gguf_get_tensor_offset(meta, id)), SEEK_SET);
         if (ggml_tensor * copy = int8_of(t)) {  // f16/f32 in the file, only its int8 copy in memory
             staging.resize(nbytes);
@@ -396,6 +393,9 @@ void model::read_weights(gguf_context * meta) {
             }
             continue;
         }
+        // note: a repacking buffer converts a whole tensor per set_tensor call (ggml-cpu repack.cpp
+        // asserts offset 0 and the full size), so its tensors are staged whole.
+        const size_t chunk = ggml_backend_buffer_get_type(t->buffer) == default_buft ? staging_bytes : nbytes;
         staging.resize(std::min(nbytes, chunk));
         for (size_t done = 0; done < nbytes;) {
             const size_t n = std::min(staging.size(), nbytes - done);
@@ -451,10 +451,12 @@ void model::make_cpu_copies() {
         ggml_format_name(int8_copies_[w], "%s.int8", ggml_get_name(w));
     }
     if (screen) {
-        out_screen = int8 ? int8_copy(tok_emb) : ggml_new_tensor_2d(copies_ctx_, GGML_TYPE_Q8_0, tok_emb->ne[0], tok_emb->ne[1]);
+        out_screen = int8 ? int8_copy(tok_emb)
+                          : ggml_new_tensor_2d(copies_ctx_, GGML_TYPE_Q8_0, tok_emb->ne[0], tok_emb->ne[1]);
         ggml_set_name(out_screen, "dec.out_screen");
     }
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(copies_ctx_, ggml_backend_dev_buffer_type(dev));
+    ggml_backend_buffer_t buf =
+        ggml_backend_alloc_ctx_tensors_from_buft(copies_ctx_, ggml_backend_dev_buffer_type(dev));
     if (!buf) {
         throw std::runtime_error(path + ": cannot allocate the CPU's int8 / q8_0 weight copies (out of memory?)");
     }
@@ -489,7 +491,8 @@ void model::fill_copy(const ggml_tensor * w, const void * data, ggml_tensor * co
             std::memcpy(rows.data(), src, sizeof(float) * n * n_per_row);
         }
         if (copy->type == GGML_TYPE_I8) {
-            int8_pack(rows.data(), n, n_per_row, static_cast<int8_t *>(copy->data) + r0 / int8_panel_rows * copy->nb[1]);
+            int8_pack(rows.data(), n, n_per_row,
+                      static_cast<int8_t *>(copy->data) + r0 / int8_panel_rows * copy->nb[1]);
         } else {
             ggml_quantize_chunk(copy->type, rows.data(), static_cast<char *>(copy->data) + r0 * copy->nb[1], 0, n,
                                 n_per_row, nullptr);

@@ -334,6 +334,8 @@ def test_doctor_json(cli_env):
     assert report["selected_device"] in {d["name"] for d in report["devices"]}
     assert report["native"]["ggml_version"] and report["default_threads"] >= 1
     assert report["cpu_features"]
+    assert set(report["cpu_kernels"]) == {"int8_matmul", "encoder_attention"}
+    assert all(isinstance(v, bool) for v in report["cpu_kernels"].values())
     assert report["packages"]["numpy"]["available"] is True
     assert isinstance(report["audio_input"]["available"], bool) and report["audio_input"]["detail"]
     assert report["model"]["cache_dir"].startswith(cli_env["AURAL_CACHE_DIR"])
@@ -343,8 +345,8 @@ def test_doctor_text(cli_env):
     pytest.importorskip("aural._native", reason="native engine not built")
     proc = run_cli(cli_env, "doctor")
     assert proc.returncode == 0, proc.stderr
-    for label in ("ggml", "selected device", "cpu features", "default threads", "numpy", "audio input",
-                  "model cache", "default model", "devices:", "WEIGHT TYPES"):
+    for label in ("ggml", "selected device", "cpu features", "aural cpu kernels", "default threads", "numpy",
+                  "audio input", "model cache", "default model", "devices:", "WEIGHT TYPES"):
         assert label in proc.stdout
 
 

@@ -227,7 +227,7 @@ def test_int8_projections_and_screen(tiny_gguf, jfk_mel, monkeypatch):
 
     mlp = copy_bytes(4 * n, n) + copy_bytes(n, 4 * n)
     encoder, decoder = 4 * copy_bytes(n, n) + mlp, 8 * copy_bytes(n, n) + mlp  # decoder: self and cross
-    assert int8.int8 and not plain.int8
+    assert int8.int8 and not plain.int8 and _native.cpu_kernels()["int8_matmul"]
     assert int8.int8_bytes == layers * encoder + hp["n_text_layer"] * decoder
     assert int8.widened_bytes == 0 < plain.widened_bytes
     # The matrices themselves are not kept: the weight buffers shrink by their f16 bytes (alignment aside).

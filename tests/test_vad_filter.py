@@ -9,7 +9,14 @@ from whisper_normalizer.english import EnglishTextNormalizer
 from aural.engine.audio import load_audio
 from aural.engine.transcribe import TranscribeOptions, transcribe
 from aural.engine.vad import FRAME_SAMPLES
-from aural.engine.vad_filter import SpeechMap, SpeechRegions, VadFilterOptions, keep_regions, speech_regions
+from aural.engine.vad_filter import (
+    SpeechMap,
+    SpeechRegions,
+    VadFilterOptions,
+    has_speech,
+    keep_regions,
+    speech_regions,
+)
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
 RATE = 16000
@@ -124,6 +131,25 @@ def test_speech_regions_of_padded_speech(padded_jfk):
     # Each region holds its half of the speech (with up to 0.4 s of padding), and little else.
     assert 19.5 <= first_start / RATE <= 20.2 and 25.3 <= first_end / RATE <= 26.0
     assert 45.0 <= second_start / RATE <= 45.7 and second_end / RATE == pytest.approx(51.0, abs=0.05)
+
+
+def test_has_speech_agrees_with_the_regions_and_stops_at_the_first(padded_jfk):
+    """has_speech decides as speech_regions does (JFK, its leading silence, the noise between its halves;
+    0.4 s of speech in silence with a minimum region of 0.2 s, kept, and of 0.4 s, dropped), and stops
+    reading once speech is certain."""
+    silence, noise = padded_jfk[: 20 * RATE], padded_jfk[int(25.5 * RATE) + 8000 : int(45.5 * RATE) - 8000]
+    word = np.concatenate([silence[:RATE], padded_jfk[20 * RATE + 8000 : 20 * RATE + 14400], silence[:RATE]])
+    kept, dropped = (VadFilterOptions(min_speech_s=s, min_silence_s=0.1) for s in (0.2, 0.4))
+    cases = [(padded_jfk, None, True), (silence, None, False), (noise, None, False), (word, kept, True),
+             (word, dropped, False)]
+    for audio, options, speech in cases:
+        assert has_speech([audio], options) == bool(speech_regions([audio], options)[0]) == speech
+
+    def chunks():
+        yield padded_jfk[: 22 * RATE]  # the silence, then 2 s of speech
+        raise AssertionError("read past the first speech")
+
+    assert has_speech(chunks())
 
 
 def test_vad_filter_transcribes_only_speech_on_the_input_timeline(whisper_model, padded_jfk):

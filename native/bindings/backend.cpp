@@ -6,7 +6,9 @@
 
 #include <stdexcept>
 
+#include "attention.h"
 #include "bindings.h"
+#include "int8-matmul.h"
 #include "ggml.h"
 
 namespace py = pybind11;
@@ -71,6 +73,11 @@ void register_backend(py::module_ & m) {
         return supported_weight_types(select_device(device));
     }, py::arg("device"), "Weight types whose matrix product `device` runs natively.");
     m.def("cpu_features", &cpu_features, "CPU features of ggml's CPU backend, name -> value.");
+    m.def("cpu_kernels", [] {
+        return std::map<std::string, bool>{{"int8_matmul", int8_matmul_available()},
+                                           {"encoder_attention", encoder_attention_available()}};
+    }, "Which of Aural's own CPU kernels this CPU runs (checked at run time): int8 matrix products "
+       "(AVX-512 VNNI) and the encoder's self-attention (AVX2 or AVX-512).");
     m.def("default_threads", &default_threads, "CPU threads used when 0 is passed.");
     m.def("quantize", &quantize, py::arg("data"), py::arg("type"),
           "Quantise a (rows, cols) float32 array with ggml; returns (rows, row_bytes) uint8.");
