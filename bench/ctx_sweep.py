@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -135,7 +136,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"{', '.join(f'{x:.1f}' for x in meta['machine'].get('loadavg_start', ()))} · {meta['threads']} threads · "
         "one run each. dev: the 18 English dev clips (286 words), long: the sonnet, 1 min and 5 min series "
         "(941 words). Cells: corpus WER (errors) · processing seconds summed over the set. 'pad' is the zero "
-        "padding after a short window's audio, 'floor' the shortest context encoded.", "",
+        "padding after a short window's audio, 'floor' the shortest context encoded. Switches: "
+        f"{' '.join(f'{k}={v}' for k, v in meta.get('switches', {}).items()) or 'none (defaults)'}.", "",
         md_table(["variant", "dev greedy", "long greedy", "dev beam 5", "long beam 5"], table), "",
     ])
 
@@ -148,7 +150,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--name", default="ctx-sweep", help="results file stem")
     args = parser.parse_args(argv)
     meta = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": common.machine_info(),
-            "threads": args.threads}
+            "threads": args.threads, "switches": {k: v for k, v in os.environ.items() if k.startswith("AURAL_NO_")}}
     rows = sweep(args)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
