@@ -164,44 +164,45 @@ def test_f16_encoder_matrices_are_widened_on_the_cpu(tiny_gguf, jfk_mel, monkeyp
     assert greedy(_native.Context(widened), jfk_mel) == greedy(_native.Context(stored), jfk_mel)
 
 
-def test_cpu_gelu_matches_ggml_gelu_erf(tiny_gguf, jfk_mel, monkeypatch):
-    """On the CPU the exact GELU runs as Aural's vectorised op (native/activation.cpp); AURAL_NO_SIMD_GELU=1
-    keeps ggml's scalar one. Both compute 0.5 x (1 + erf(x / sqrt 2)) to within an f32 ulp, so the logits of
-    the first step may differ only by rounding and JFK's tokens must be the same. (Without the output
-    screen and the int8 encoder, whose rounding of the activations would hide this.)"""
+def kernel_pair(tiny_gguf, monkeypatch, switch):
+    """Two CPU models, with and without one of Aural's CPU kernels (`switch`: its AURAL_NO_* variable), both
+    without the output screen and the int8 products, whose rounding of the activations would hide the
+    kernel's own rounding."""
     monkeypatch.setenv("AURAL_NO_SCREEN", "1")
     monkeypatch.setenv("AURAL_NO_INT8", "1")
-    simd = _native.Model(str(tiny_gguf), device="cpu")
-    monkeypatch.setenv("AURAL_NO_SIMD_GELU", "1")
-    scalar = _native.Model(str(tiny_gguf), device="cpu")
-    assert simd.simd_gelu and not scalar.simd_gelu
+    with_kernel = _native.Model(str(tiny_gguf), device="cpu")
+    monkeypatch.setenv(switch, "1")
+    return with_kernel, _native.Model(str(tiny_gguf), device="cpu")
 
-    a, b = first_logits(simd, jfk_mel), first_logits(scalar, jfk_mel)
+
+def assert_same_decoding(model, reference, mel):
+    """The first step's logits agree to rounding (1e-3 of the largest) and greedy decoding agrees."""
+    a, b = first_logits(model, mel), first_logits(reference, mel)
     assert np.abs(a - b).max() < 1e-3 * np.abs(b).max()
-    assert greedy(_native.Context(simd), jfk_mel) == greedy(_native.Context(scalar), jfk_mel)
+    assert greedy(_native.Context(model), mel) == greedy(_native.Context(reference), mel)
+
+
+def test_cpu_gelu_matches_ggml_gelu_erf(tiny_gguf, jfk_mel, monkeypatch):
+    """On the CPU the exact GELU runs as Aural's vectorised op (native/activation.cpp); AURAL_NO_SIMD_GELU=1
+    keeps ggml's scalar one. Both compute 0.5 x (1 + erf(x / sqrt 2)) to within an f32 ulp, so JFK decodes
+    the same."""
+    simd, scalar = kernel_pair(tiny_gguf, monkeypatch, "AURAL_NO_SIMD_GELU")
+    assert simd.simd_gelu and not scalar.simd_gelu
+    assert_same_decoding(simd, scalar, jfk_mel)
 
 
 def test_cpu_encoder_attention_matches_flash_attention(tiny_gguf, jfk_mel, monkeypatch):
     """On x86-64 CPUs the encoder's self-attention runs as Aural's op (native/attention.cpp);
     AURAL_NO_SIMD_ATTENTION=1 keeps ggml_flash_attn_ext. Both compute softmax(q k^T / 8) v in f32 with
-    f32 accumulation, in other orders, so the first step's logits may differ only by rounding and JFK's
-    tokens must be the same with a 30 s window (1500 positions), a 15 s context (750: not a multiple of
-    the op's 32-position panels) and 601 positions (a query block that ends in a single row). (Without the
-    output screen and the int8 encoder, whose rounding of the activations would hide this.)"""
+    f32 accumulation, in other orders, so JFK decodes the same with a 30 s window (1500 positions), a 15 s
+    context (750: not a multiple of the op's 32-position panels) and 601 positions (a query block that ends
+    in a single row)."""
     if _native.cpu_features().get("AVX2") != "1":
         pytest.skip("Aural's attention op needs AVX2 or AVX-512")
-    monkeypatch.setenv("AURAL_NO_SCREEN", "1")
-    monkeypatch.setenv("AURAL_NO_INT8", "1")
-    own = _native.Model(str(tiny_gguf), device="cpu")
-    monkeypatch.setenv("AURAL_NO_SIMD_ATTENTION", "1")
-    flash = _native.Model(str(tiny_gguf), device="cpu")
+    own, flash = kernel_pair(tiny_gguf, monkeypatch, "AURAL_NO_SIMD_ATTENTION")
     assert own.simd_attention and not flash.simd_attention
-
-    a, b = first_logits(own, jfk_mel), first_logits(flash, jfk_mel)
-    assert np.abs(a - b).max() < 1e-3 * np.abs(b).max()
     for positions in (601, 750, 1500):
-        mel = jfk_mel[:, : 2 * positions]
-        assert greedy(_native.Context(own), mel) == greedy(_native.Context(flash), mel)
+        assert_same_decoding(own, flash, jfk_mel[:, : 2 * positions])
 
 
 def test_int8_projections_and_screen(tiny_gguf, jfk_mel, monkeypatch):
