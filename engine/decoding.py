@@ -122,13 +122,23 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data))
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
+def _shifted_and_norm(logits: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """float64 logits minus their largest, and the log of the sum of their exponentials: log-probabilities
+    are their difference. None when no logit is finite."""
     x = logits.astype(np.float64)
     top = np.max(x)
     if not np.isfinite(top):
-        return np.full_like(x, -np.inf)
+        return None
     shifted = x - top
-    return shifted - np.log(np.sum(np.exp(shifted)))
+    return shifted, np.log(np.sum(np.exp(shifted)))
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    parts = _shifted_and_norm(logits)
+    if parts is None:
+        return np.full(logits.shape, -np.inf)
+    shifted, norm = parts
+    return shifted - norm
 
 
 def _logsumexp(x: np.ndarray) -> float:
@@ -424,11 +434,11 @@ def _best_logprobs(row: np.ndarray, sampled: Sequence[int], filters: list[LogitF
     for apply in filters:
         apply(logits, sampled)
     best = np.argpartition(logits, -k)[-k:]
-    x = logits.astype(np.float64)
-    top = np.max(x)
-    if not np.isfinite(top):
+    parts = _shifted_and_norm(logits)
+    if parts is None:
         return best, np.full(k, -np.inf)
-    return best, (x[best] - top) - np.log(np.sum(np.exp(x - top)))
+    shifted, norm = parts
+    return best, shifted[best] - norm
 
 
 def _decode_beams(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.Event | None) -> DecodingResult:

@@ -131,15 +131,8 @@ def speech_regions(chunks: Iterable[np.ndarray], options: VadFilterOptions | Non
                    stop: threading.Event | None = None) -> tuple[list[tuple[int, int]], int]:
     """Scans 16 kHz chunks once: (speech regions as sample ranges, total samples). Setting `stop` ends
     the scan after the current chunk, with the regions found so far."""
-    gate = SpeechGate()
     regions = SpeechRegions(options or VadFilterOptions())
-    total = 0
-    for chunk in chunks:
-        if stop is not None and stop.is_set():
-            break
-        total += len(chunk)
-        for frame in gate.process(chunk):
-            regions.add(frame.prob)
+    total = _scan(chunks, regions, stop=stop)
     found = regions.finish(total)
     kept = sum(end - start for start, end in found)
     logger.info("VAD kept %.1f s of %.1f s in %d regions", kept / SAMPLE_RATE, total / SAMPLE_RATE, len(found))
@@ -149,16 +142,25 @@ def speech_regions(chunks: Iterable[np.ndarray], options: VadFilterOptions | Non
 def has_speech(chunks: Iterable[np.ndarray], options: VadFilterOptions | None = None) -> bool:
     """Whether `speech_regions` would find a region in `chunks`; the scan stops at the frame that settles
     it (in speech, often the first second), not at the end of the audio."""
-    gate = SpeechGate()
     regions = SpeechRegions(options or VadFilterOptions())
+    return bool(regions.finish(_scan(chunks, regions, until_speech=True)))
+
+
+def _scan(chunks: Iterable[np.ndarray], regions: SpeechRegions, *, stop: threading.Event | None = None,
+          until_speech: bool = False) -> int:
+    """Feeds every frame of `chunks` to `regions`; returns the samples read. It ends early before the next
+    chunk once `stop` is set, or, with `until_speech`, at the frame that makes a region certain."""
+    gate = SpeechGate()
     total = 0
     for chunk in chunks:
+        if stop is not None and stop.is_set():
+            break
         total += len(chunk)
         for frame in gate.process(chunk):
             regions.add(frame.prob)
-            if regions.speech_certain:
-                return True
-    return bool(regions.finish(total))
+            if until_speech and regions.speech_certain:
+                return total
+    return total
 
 
 def keep_regions(chunks: Iterable[np.ndarray], regions: list[tuple[int, int]]) -> Iterator[np.ndarray]:

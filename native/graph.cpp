@@ -272,13 +272,14 @@ ggml_tensor * cross_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor *
 // beam search the best beam_size + 1 per beam (ref: openai-whisper decoding.py BeamSearchDecoder). Over 106
 // greedy steps of JFK and the sonnet (tiny.en) q8_0 moved a logit by at most 0.44, while the screen's 32nd
 // best lay 4.7 to 10 below its best: the true best few are among the 32, and every token left with its
-// q8_0 logit has under 1 % of the best one's probability.
+// q8_0 logit has under 1 % of the best one's probability. The int8 screen moves a logit by up to 1.0 (first
+// steps of JFK and the sonnet): the best few are still among the 32, and a tail token's logit may be 1.0 off.
 constexpr int screen_top_k = 32;
 
 // The tied output projection x [n_state, n_outputs] -> logits [n_vocab, n_outputs] in res.logits. With a
-// screen (model.h), every logit comes from its q8_0 copy and the screen's best screen_top_k per output are
-// recomputed from tok_emb (f32 rows x f32 x) into res.top / res.exact, which read_logits writes over them:
-// the choices and the probability mass they carry are exact, the tail is q8_0's.
+// screen (model.h), every logit comes from its int8 or q8_0 copy and the screen's best screen_top_k per
+// output are recomputed from tok_emb (f32 rows x f32 x) into res.top / res.exact, which read_logits writes
+// over them: the choices and the probability mass they carry are exact, the tail is the copy's.
 void output_logits(ggml_context * ctx, const model & m, ggml_tensor * x, graph_result & res) {
     if (!m.out_screen) {
         res.logits = graph_output(res.gf, ggml_mul_mat(ctx, m.tok_emb, x), "logits");
