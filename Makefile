@@ -5,12 +5,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 GGML_PYTHON := ggml-python==0.0.45
+# Every package version pip installs, build tools included (packaging/constraints.txt, written by
+# `make constraints` from a working venv), so two installs months apart get the same set.
+CONSTRAINTS := packaging/constraints.txt
 CMAKE_ARGS ?=
 export CMAKE_ARGS
 # ggml's tinyBLAS kernels (LLAMAFILE) for f16/f32/q8_0 batched matrix products; ggml's standalone default
 # is OFF (llama.cpp turns it on). On the 2-core dev VM the f16 encoder is 1.2-1.7x faster with them, tokens
 # unchanged (bench/results/speed-ablation.md). The user's CMAKE_ARGS come last, so -DGGML_LLAMAFILE=OFF still wins.
-GGML_CMAKE_ARGS := -DGGML_LLAMAFILE=ON $(CMAKE_ARGS)
+GGML_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_LLAMAFILE=ON $(CMAKE_ARGS)
 PYTEST_ARGS ?=
 FILE ?=
 
@@ -32,19 +35,20 @@ build/.sysdeps: tools/sysdeps.sh
 
 $(VENV)/bin/python: | build/.sysdeps
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c $(CONSTRAINTS) --upgrade pip
 
 $(GGML_STAMP): $(VENV)/bin/python
 	@rm -f $(VENV)/.ggml-*
-	CMAKE_ARGS="$(GGML_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps $(GGML_PYTHON)
+	CMAKE_ARGS="$(GGML_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps \
+		--build-constraint $(CONSTRAINTS) $(GGML_PYTHON)
 	@touch $@
 
-$(VENV)/.deps: pyproject.toml $(GGML_STAMP)
-	$(PIP) install -q "scikit-build-core>=0.11" "pybind11>=2.12" numpy
+$(VENV)/.deps: pyproject.toml $(CONSTRAINTS) $(GGML_STAMP)
+	$(PIP) install -q -c $(CONSTRAINTS) "scikit-build-core>=0.11" "pybind11>=2.12" numpy setuptools wheel
 	@touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(NATIVE_SRC) $(PY_LIST)
-	$(PIP) install -q --no-build-isolation -e ".[gui,live,test,base]"
+	$(PIP) install -q -c $(CONSTRAINTS) --no-build-isolation -e ".[gui,live,test,base]"
 	@touch $@
 
 build/sample.wav: | build/.sysdeps
@@ -66,6 +70,11 @@ endif
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Rewrites the pins from the current .venv (after changing a dependency in pyproject.toml) and bench/.venv.
+.PHONY: constraints
+constraints: setup
+	tools/constraints.sh $(VENV) > $(CONSTRAINTS)
 
 # Peer benchmarks (bench/run.py; it makes bench/.venv with bench/setup.sh on first use):
 #   make bench BENCH_ARGS="--rounds 1 --clips jfk,sonnet"

@@ -78,7 +78,8 @@ class _VersionAction(argparse.Action):
 
 
 def _add_transcribe(subparsers: Any) -> None:
-    p = subparsers.add_parser("transcribe", help="transcribe audio files", description="Transcribe audio files.")
+    p = subparsers.add_parser("transcribe", help="transcribe audio files", description="Transcribe audio files.",
+                              parents=[_cpu_variant_parent()])
     p.add_argument("files", nargs="+", metavar="FILE", help="audio files (anything FFmpeg reads, or raw PCM)")
     p.add_argument("-m", "--model", help="model name, .gguf, whisper.cpp ggml .bin, or CTranslate2 or Hugging Face "
                    "Whisper directory (default: the bundled model)")
@@ -361,6 +362,7 @@ def _run_models_path(args: argparse.Namespace) -> int:
 
 def _add_live(subparsers: Any) -> None:
     p = subparsers.add_parser("live", help="live captions from a microphone (or a file replayed as live)",
+                              parents=[_cpu_variant_parent()],
                               description="Caption speech as it is spoken. Ctrl-C stops and keeps the last words.")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--device", metavar="ID", help="input device index or name (default: the system default)")
@@ -450,7 +452,8 @@ def _run_live(args: argparse.Namespace) -> int:
 
 def _add_doctor(subparsers: Any) -> None:
     p = subparsers.add_parser("doctor", help="report devices, packages and models",
-                              description="Report what Aural can use on this machine.")
+                              description="Report what Aural can use on this machine.",
+                              parents=[_cpu_variant_parent()])
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_doctor)
 
@@ -484,15 +487,38 @@ def _native_report() -> dict[str, Any]:
         from aural import _native
     except ImportError as exc:
         return {"native": {"available": False, "error": str(exc)}, "devices": []}
+    from .cpu import configure
+
+    level = configure()  # before the first device query: it picks the CPU variant ggml loads
     devices = [{**d, "weight_types": list(_native.supported_weight_types(d["name"]))} for d in _native.devices()]
     return {
         "native": {"available": True, "ggml_version": _native.ggml_version()},
+        "cpu": _cpu_model(),
+        "cpu_level": {"variant": level.variant, "reason": level.reason, "kernel_isa": level.kernel_isa,
+                      "runnable": list(level.runnable), "extra_buffers": level.bufts, "excluded": list(level.excluded)},
         "devices": devices,
         "selected_device": _native.select_device("auto"),
         "cpu_features": dict(_native.cpu_features()),
         "cpu_kernels": dict(_native.cpu_kernels()),
         "default_threads": _native.default_threads(),
     }
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
+def _format_buffers(level: dict[str, Any]) -> str:
+    """Each extra buffer type's probe verdict; AMX is named even where this variant offers none."""
+    probed = level["extra_buffers"]
+    shown = [f"{name}: {verdict}" + ("" if verdict == "ok" else ", not used") for name, verdict in sorted(probed.items())]
+    if "AMX" not in probed:
+        shown.insert(0, "AMX: not offered (this CPU or variant has no AMX)")
+    return "; ".join(shown)
 
 
 def _package_status(module: str) -> dict[str, Any]:
@@ -553,10 +579,14 @@ def _format_doctor(report: dict[str, Any]) -> str:
     else:
         rows += [
             ("ggml", native["ggml_version"]),
+            ("cpu", report["cpu"]),
+            ("cpu level", f"{report['cpu_level']['variant']} ({report['cpu_level']['reason']})"),
+            ("cpu variants", "runs " + ", ".join(report["cpu_level"]["runnable"] or ["built-in"])),
+            ("extra buffers", _format_buffers(report["cpu_level"])),
             ("selected device", report["selected_device"]),
             ("default threads", str(report["default_threads"])),
             ("cpu features", " ".join(k if v == "1" else f"{k}={v}" for k, v in report["cpu_features"].items())),
-            ("aural cpu kernels", _format_kernels(report["cpu_kernels"])),
+            ("aural cpu kernels", _format_kernels(report["cpu_kernels"]) + f" (up to {report['cpu_level']['kernel_isa']})"),
         ]
     for name, status in report["packages"].items():
         shown = (status["version"] or "available") if status["available"] else f"missing ({status['error']})"
@@ -593,6 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="aural", description="Local live transcription with Whisper on ggml. Without a command, opens the GUI.",
     )
     parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
+    _add_cpu_variant(parser)
     parser.set_defaults(run=_launch_gui, parser=parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in SUBCOMMANDS:
@@ -637,7 +668,24 @@ def _setup_logging(args: argparse.Namespace) -> None:
         _native.set_log_level(level)
 
 
+def _cpu_variant_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    _add_cpu_variant(parent)
+    return parent
+
+
+def _add_cpu_variant(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a subcommand's absent flag leaves the top-level one (`aural --cpu-variant X doctor`) alone.
+    parser.add_argument("--cpu-variant", metavar="NAME", default=argparse.SUPPRESS,
+                        help="run ggml's CPU variant NAME (haswell = AVX2, skylakex = AVX-512, icelake = AVX-512 "
+                             "VNNI, zen4, sapphirerapids = AMX ...) and cap Aural's kernels to it; default: the best "
+                             "one that passes its probe (also AURAL_CPU_VARIANT)")
+
+
 def _dispatch(args: argparse.Namespace) -> int:
+    variant = getattr(args, "cpu_variant", None)
+    if variant:  # read when the first model loads (aural.engine.cpu), and by any child process
+        os.environ["AURAL_CPU_VARIANT"] = variant
     try:
         return args.run(args)
     except AuralError as exc:

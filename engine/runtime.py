@@ -28,9 +28,13 @@ _NATIVE_LOAD_ERRORS = (RuntimeError, ValueError)
 
 
 def _native():
-    # Imported on first load so that the pure-Python parts of the engine import without the build.
+    # Imported on first load so that the pure-Python parts of the engine import without the build. The CPU
+    # level is chosen (and its buffer types probed) before the first model touches a device.
     from aural import _native as native
 
+    from . import cpu
+
+    cpu.configure()
     return native
 
 

@@ -1,18 +1,19 @@
 #include "activation.h"
 
+#include "cpu.h"
+
 #include "vec-math.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
-// x86-64 builds target the baseline ISA (SSE2) unless GGML_NATIVE-style flags are given: compile the hot loop
-// for AVX-512 and AVX2 as well and let the loader pick the widest the CPU has (GCC and Clang function clones).
-// Elsewhere (arm64: NEON is the baseline) the plain loop vectorises as it is.
+// x86-64 builds target the baseline ISA (SSE2) unless GGML_NATIVE-style flags are given: the hot loop is
+// compiled for AVX-512 and AVX2 as well, and gelu_erf_op runs the widest that kernel_isa() allows (cpu.h),
+// so a capped CPU level runs no wider code. Elsewhere (arm64: NEON is the baseline) the plain loop
+// vectorises as it is.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define AURAL_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define AURAL_SIMD_CLONES
+#define AURAL_X86_CLONES 1
 #endif
 
 namespace aural {
@@ -24,8 +25,7 @@ namespace {
 // 1 + erf(z) = 2 - erfc for x >= 0 and erfc for x < 0, which keeps the small negative tail exact instead
 // of cancelling 1 - 0.99999. Largest error against a double-precision GELU over [-12, 12]: 4.2e-7 at
 // x = 3.1 (one f32 ulp there); libm's erff in the same formula: 4.5e-7.
-AURAL_SIMD_CLONES
-void gelu_erf_span(float * y, const float * x, int64_t n) {
+inline __attribute__((always_inline)) void gelu_erf_span(float * y, const float * x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
         const float v = x[i];
         const float z = std::fabs(v) * 0.707106781f;
@@ -39,12 +39,29 @@ void gelu_erf_span(float * y, const float * x, int64_t n) {
     }
 }
 
+#ifdef AURAL_X86_CLONES
+__attribute__((target("avx512f"))) void gelu_erf_avx512(float * y, const float * x, int64_t n) {
+    gelu_erf_span(y, x, n);
+}
+__attribute__((target("avx2,fma"))) void gelu_erf_avx2(float * y, const float * x, int64_t n) {
+    gelu_erf_span(y, x, n);
+}
+#endif
+
+void gelu_erf_widest(float * y, const float * x, int64_t n) {
+#ifdef AURAL_X86_CLONES
+    if (kernel_isa() >= isa::avx512) return gelu_erf_avx512(y, x, n);
+    if (kernel_isa() >= isa::avx2) return gelu_erf_avx2(y, x, n);
+#endif
+    gelu_erf_span(y, x, n);
+}
+
 // ggml custom op: thread ith of nth takes one contiguous span of the elements, in whole cache lines.
 void gelu_erf_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * /*userdata*/) {
     const int64_t n = ggml_nelements(a);
     const int64_t per = ((n + nth - 1) / nth + 15) / 16 * 16;
     const int64_t begin = std::min(n, per * ith), end = std::min(n, begin + per);
-    gelu_erf_span(static_cast<float *>(dst->data) + begin, static_cast<const float *>(a->data) + begin, end - begin);
+    gelu_erf_widest(static_cast<float *>(dst->data) + begin, static_cast<const float *>(a->data) + begin, end - begin);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "attention.h"
 
+#include "cpu.h"
+
 #include "vec-math.h"
 
 #include <algorithm>
@@ -212,7 +214,7 @@ __attribute__((target("avx2,fma"))) void attend_avx2(ggml_tensor * dst, const gg
 void attention_op(ggml_tensor * dst, const ggml_tensor * q, const ggml_tensor * kt, const ggml_tensor * v, int ith,
                   int nth, void * userdata) {
     const int n_head = static_cast<int>(reinterpret_cast<intptr_t>(userdata));
-    if (__builtin_cpu_supports("avx512f")) {
+    if (kernel_isa() >= isa::avx512) {
         attend_avx512(dst, q, kt, v, n_head, ith, nth);
     } else {
         attend_avx2(dst, q, kt, v, n_head, ith, nth);
@@ -221,9 +223,7 @@ void attention_op(ggml_tensor * dst, const ggml_tensor * q, const ggml_tensor * 
 
 }  // namespace
 
-bool encoder_attention_available() {
-    return __builtin_cpu_supports("avx512f") || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
-}
+bool encoder_attention_available() { return kernel_isa() >= isa::avx2; }
 
 ggml_tensor * encoder_self_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * kt, ggml_tensor * v,
                                      int n_head) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "cpu.h"
 #include "ggml.h"
 #include "log.h"
 
@@ -54,7 +55,7 @@ void ensure_backends_loaded() {
     static std::once_flag once;
     std::call_once(once, [] {
         install_ggml_log_sink();
-        ggml_backend_load_all();  // dynamic backends (GGML_BACKEND_DL); linked ones are already registered
+        load_cpu_backends();  // dynamic backends (GGML_BACKEND_DL, cpu.h); linked ones are already registered
     });
 }
 

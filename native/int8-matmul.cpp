@@ -1,5 +1,7 @@
 #include "int8-matmul.h"
 
+#include "cpu.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -138,10 +140,7 @@ void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 
 }  // namespace
 
-bool int8_matmul_available() {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
+bool int8_matmul_available() { return kernel_isa() >= isa::avx512_vnni; }
 
 ggml_tensor * int8_matmul(ggml_context * ctx, ggml_tensor * w, int64_t n_rows, ggml_tensor * x) {
     const int64_t n_cols = x->ne[0];

@@ -11,6 +11,7 @@
 
 #include "attention.h"
 #include "backend.h"
+#include "cpu.h"
 #include "int8-matmul.h"
 #include "ggml-alloc.h"
 #include "gguf.h"
@@ -68,8 +69,9 @@ std::string shape_str(const ggml_tensor * t) {
     return s + "]";
 }
 
-// The device's extra buffer types, best first (ggml-cpu: AMX, then CPU_REPACK); none when the backend has
-// no "ggml_backend_dev_get_extra_bufts" entry point. env: AURAL_NO_REPACK=1 ignores them (debugging).
+// The device's extra buffer types, best first (ggml-cpu: AMX, then CPU_REPACK), less those the CPU level
+// leaves out (cpu.h: AMX unless its probe passed); none when the backend has no
+// "ggml_backend_dev_get_extra_bufts" entry point. env: AURAL_NO_REPACK=1 ignores them (debugging).
 std::vector<ggml_backend_buffer_type_t> extra_bufts(ggml_backend_dev_t dev) {
     std::vector<ggml_backend_buffer_type_t> out;
     ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
@@ -79,7 +81,7 @@ std::vector<ggml_backend_buffer_type_t> extra_bufts(ggml_backend_dev_t dev) {
         return out;
     }
     for (ggml_backend_buffer_type_t * b = get(dev); b && *b; ++b) {
-        out.push_back(*b);
+        if (buft_allowed(ggml_backend_buft_name(*b))) out.push_back(*b);
     }
     return out;
 }

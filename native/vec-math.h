@@ -11,7 +11,8 @@ namespace aural {
 // e^r by its degree-7 Taylor polynomial (truncation error below 1e-8 there, under f32 rounding). u is
 // clamped to 87 so that 2^n stays a normal float: a vector loop computes every lane, also those its caller
 // then discards.
-inline float exp_neg(float u) {
+// Always inlined: each per-ISA kernel (activation.cpp, attention.cpp) vectorises it at its own width.
+inline __attribute__((always_inline)) float exp_neg(float u) {
     const float a = -std::min(u, 87.0f);
     const float round_shift = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
     const float n = (a * 1.44269504f + round_shift) - round_shift;

@@ -5,4 +5,8 @@ import sys
 from aural.engine.cli import main
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--cpu-probe"]:  # aural.engine.cpu runs its probe child as `aural --cpu-probe VARIANT`
+        from aural.engine.cpu import probe
+
+        sys.exit(probe.main(sys.argv[2:]))
     sys.exit(main())

@@ -16,6 +16,13 @@ PACKAGES=(
   espeak-ng sox libsox-fmt-mp3 libopenblas-dev desktop-file-utils appstream
 )
 
+# Debian 13 (trixie) renamed the libraries of the 64-bit time_t transition with a t64 suffix; the old
+# names are only virtual there, which dpkg-query never reports as installed.
+. /etc/os-release
+if [ "${VERSION_ID%%.*}" -ge 13 ] 2>/dev/null; then
+  PACKAGES=("${PACKAGES[@]/#libglib2.0-0/libglib2.0-0t64}")
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

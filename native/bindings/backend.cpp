@@ -8,6 +8,8 @@
 
 #include "attention.h"
 #include "bindings.h"
+#include "cpu-probe.h"
+#include "cpu.h"
 #include "int8-matmul.h"
 #include "ggml.h"
 
@@ -76,8 +78,51 @@ void register_backend(py::module_ & m) {
     m.def("cpu_kernels", [] {
         return std::map<std::string, bool>{{"int8_matmul", int8_matmul_available()},
                                            {"encoder_attention", encoder_attention_available()}};
-    }, "Which of Aural's own CPU kernels this CPU runs (checked at run time): int8 matrix products "
-       "(AVX-512 VNNI) and the encoder's self-attention (AVX2 or AVX-512).");
+    }, "Which of Aural's own CPU kernels run at this CPU level (cpu_level()['kernel_isa']): int8 matrix "
+       "products (AVX-512 VNNI) and the encoder's self-attention (AVX2 or AVX-512).");
+    m.def("cpu_variants", [] {
+        py::list out;
+        for (const auto & v : cpu_variants()) {
+            py::dict d;
+            d["name"] = v.name;
+            d["path"] = v.path;
+            d["score"] = v.score;
+            out.append(d);
+        }
+        return out;
+    }, "ggml's installed CPU variants, best score first; score 0: this CPU cannot run it. Empty when the "
+       "CPU backend is linked in.");
+    m.def("configure_cpu", [](const std::string & variant, const std::vector<std::string> & excluded_bufts,
+                              const std::string & reason) { configure_cpu({variant, excluded_bufts, reason}); },
+          py::arg("variant") = "", py::arg("excluded_bufts") = std::vector<std::string>{"AMX"},
+          py::arg("reason") = "",
+          "Choose the CPU level before the first device use: the variant ('' = $AURAL_CPU_VARIANT, else the "
+          "best score), the extra buffer types that must not hold weights, and why (for aural doctor).");
+    m.def("cpu_level", [] {
+        const isa level = kernel_isa();  // loads the backends
+        py::dict d;
+        d["variant"] = cpu_variant_in_use();
+        d["reason"] = cpu_variant_reason();
+        d["kernel_isa"] = std::string(isa_name(level));
+        return d;
+    }, "The CPU variant in use, why it was chosen, and the instruction set Aural's kernels are capped to.");
+    m.def("probe_cpu", [](const py::function & on_start) {
+        py::list out;
+        for (const auto & r : probe_cpu([&](const std::string & buft, const std::string & type) {
+                 return on_start(buft, type).cast<bool>();
+             })) {
+            py::dict d;
+            d["buft"] = r.buft;
+            d["type"] = r.type;
+            d["batch"] = r.batch;
+            d["error"] = r.error;
+            out.append(d);
+        }
+        return out;
+    }, py::arg("on_start"),
+       "Each weight type's product in the CPU buffer and every extra buffer type against float64 (error <= 1 "
+       "passes, -1: not taken there); on_start(buft, type) is called before each and returns whether to run it. May kill the process: run "
+       "it in a child (aural.engine.cpu.probe).");
     m.def("default_threads", &default_threads, "CPU threads used when 0 is passed.");
     m.def("quantize", &quantize, py::arg("data"), py::arg("type"),
           "Quantise a (rows, cols) float32 array with ggml; returns (rows, row_bytes) uint8.");

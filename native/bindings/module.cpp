@@ -29,6 +29,7 @@ PYBIND11_MODULE(_native, m) {
           "Native log threshold, in Python logging levels (10 debug, 20 info, 30 warning, 40 error).");
     m.def("get_log_level", &aural::get_log_level, "Current native log threshold (Python logging level).");
     aural::bindings::register_backend(m);
+    aural::bindings::register_kernels(m);
     aural::bindings::register_model(m);
     aural::bindings::register_context(m);
 }

@@ -1,0 +1,249 @@
+"""The CPU level Aural runs at: which of ggml's CPU variants, which extra buffer types may hold weights,
+and the instruction set Aural's own kernels are capped to (native/cpu.h).
+
+    level = aural.engine.cpu.configure()          # once, before the first model; idempotent
+    level = aural.engine.cpu.configure("haswell")  # or AURAL_CPU_VARIANT=haswell, or --cpu-variant
+
+The default is the best-scoring variant that passes its probe. The probe runs each weight type's matrix
+product in each buffer type ggml-cpu offers (AMX, CPU_REPACK) in a child process: AMX tiles need OS and
+hypervisor support that CPUID does not prove (issue #16: SIGILL on a VM that reported AMX). A buffer type
+that faults or computes wrong numbers is left out; a variant whose plain products fail is passed over for
+the next best. Verdicts are cached per machine in <cache>/cpu-probe.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import AuralError
+
+__all__ = ["CpuLevel", "CpuLevelError", "configure", "current"]
+
+logger = logging.getLogger(__name__)
+
+VARIANT_ENV = "AURAL_CPU_VARIANT"
+BUILT_IN = "built-in"
+# The child loads one variant and runs 2 x 4 x (number of buffer types) small products: well under 1 s;
+# the limit is for a child that hangs instead of faulting.
+_PROBE_TIMEOUT_S = 120
+_OK = "ok"
+
+
+class CpuLevelError(AuralError):
+    """A CPU variant that is not installed, that this CPU cannot run, or that fails its probe."""
+
+
+@dataclass(frozen=True)
+class CpuLevel:
+    """variant: ggml's CPU variant in use ("built-in" without variants); reason: why it was chosen;
+    kernel_isa: the widest instruction set Aural's kernels use; bufts: each extra buffer type's probe
+    verdict ("ok" or why not); excluded: the buffer types that hold no weights; runnable: the variants this
+    CPU runs, best first."""
+
+    variant: str
+    reason: str
+    kernel_isa: str
+    bufts: dict[str, str] = field(default_factory=dict)
+    excluded: tuple[str, ...] = ()
+    runnable: tuple[str, ...] = ()
+
+
+_current: CpuLevel | None = None
+
+
+def current() -> CpuLevel | None:
+    """The level configure() chose in this process, None before."""
+    return _current
+
+
+def configure(variant: str | None = None) -> CpuLevel:
+    """Choose, vet and load the CPU level; later calls return the same level (a different `variant`
+    after the first device use raises CpuLevelError). `variant` wins over $AURAL_CPU_VARIANT; it is
+    exported to child processes."""
+    global _current
+    if variant:
+        os.environ[VARIANT_ENV] = variant
+    want = os.environ.get(VARIANT_ENV, "")
+    if _current is not None and (not want or want == _current.variant):
+        return _current
+    from aural import _native
+
+    installed = list(_native.cpu_variants())
+    runnable = tuple(v["name"] for v in installed if v["score"] > 0)
+    candidates = _candidates(installed, want)
+    passed_over: list[str] = []
+    for candidate in candidates:
+        verdicts = _verdicts(candidate, installed)
+        plain = verdicts.get("CPU", _OK)
+        if plain == _OK:
+            break
+        if want:
+            raise CpuLevelError(f"CPU variant '{want}' fails its probe: {plain}")
+        passed_over.append(f"{candidate} ({plain})")
+    else:
+        raise CpuLevelError("no CPU variant passes its probe: " + "; ".join(passed_over))
+    bufts = {name: verdict for name, verdict in verdicts.items() if name != "CPU"}
+    excluded = tuple(sorted({name for name, verdict in bufts.items() if verdict != _OK} | (
+        set() if bufts.get("AMX") == _OK else {"AMX"})))
+    reason = _reason(want, candidate, installed, passed_over)
+    try:
+        _native.configure_cpu(variant="" if candidate == BUILT_IN else candidate, excluded_bufts=list(excluded),
+                              reason=reason)
+        native = _native.cpu_level()
+    except (ValueError, RuntimeError) as exc:  # logic_error: another variant is loaded already
+        raise CpuLevelError(str(exc)) from exc
+    _current = CpuLevel(variant=native["variant"], reason=native["reason"], kernel_isa=native["kernel_isa"],
+                        bufts=bufts, excluded=excluded, runnable=runnable)
+    logger.info("CPU level %s (%s); kernels up to %s; extra buffers %s", _current.variant, _current.reason,
+                _current.kernel_isa, bufts or "none")
+    return _current
+
+
+def _candidates(installed: list[dict], want: str) -> list[str]:
+    if not installed:
+        if want and want != BUILT_IN:
+            raise CpuLevelError(f"CPU variant '{want}' is not installed: this ggml build links one CPU backend in "
+                                "(the Makefile's build has every variant)")
+        return [BUILT_IN]
+    if not want:
+        return [v["name"] for v in installed if v["score"] > 0]
+    named = [v for v in installed if v["name"] == want]
+    if not named:
+        raise CpuLevelError(f"no CPU variant '{want}'; installed: " + ", ".join(v["name"] for v in installed))
+    if named[0]["score"] == 0:
+        raise CpuLevelError(f"CPU variant '{want}' needs instructions this CPU lacks; it runs: "
+                            + ", ".join(v["name"] for v in installed if v["score"] > 0))
+    return [want]
+
+
+def _reason(want: str, chosen: str, installed: list[dict], passed_over: list[str]) -> str:
+    if want:
+        return f"{VARIANT_ENV}={want}"
+    if chosen == BUILT_IN:
+        return "this ggml build links its CPU backend in"
+    runnable = sum(1 for v in installed if v["score"] > 0)
+    reason = f"the best of the {runnable} installed variants this CPU runs that passes its probe"
+    return reason + (f"; passed over: {', '.join(passed_over)}" if passed_over else "")
+
+
+# ------------------------------------------------------------------------------------------------ probe
+
+
+def _verdicts(variant: str, installed: list[dict]) -> dict[str, str]:
+    """Buffer type -> "ok" or why not, for `variant`: from the cache, else from the probe."""
+    key = _machine_key(variant, installed)
+    cache = _cache_path()
+    stored = _read_cache(cache)
+    if key in stored:
+        return stored[key]
+    verdicts = _probe(variant)
+    stored[key] = verdicts
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        tmp.replace(cache)
+    except OSError as exc:  # a read-only cache only costs the probe again next time
+        logger.warning("cannot cache the CPU probe in %s: %s", cache, exc)
+    return verdicts
+
+
+def _probe(variant: str) -> dict[str, str]:
+    """Runs the child until it completes, skipping each buffer type that killed an earlier run."""
+    verdicts: dict[str, str] = {}
+    while True:
+        done, started, failure = _run_child(variant, [b for b, v in verdicts.items() if v != _OK])
+        if done is not None:
+            for result in done:
+                if result["error"] < 0:  # the buffer type does not take this weight type
+                    continue
+                if result["error"] > 1.0 and verdicts.get(result["buft"], _OK) == _OK:
+                    verdicts[result["buft"]] = (f"wrong results ({result['type']} x {result['batch']} columns off by "
+                                                f"{result['error']:.2g} of the rounding bound)")
+                verdicts.setdefault(result["buft"], _OK)
+            return verdicts
+        if started is None or started[0] in verdicts:
+            return {"CPU": failure}  # it died before any product, or again where it died before
+        verdicts[started[0]] = f"{failure} in its {started[1]} product"
+        if started[0] == "CPU":
+            return verdicts
+
+
+def _run_child(variant: str, skip: list[str]) -> tuple[list[dict] | None, tuple[str, str] | None, str]:
+    """(results, None, "") when the child completes; else (None, the last case it started, what befell it)."""
+    command = [*_child_command(), "" if variant == BUILT_IN else variant]
+    for buft in skip:
+        command += ["--skip", buft]
+    env = {k: v for k, v in os.environ.items() if k != VARIANT_ENV}
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired as exc:
+        out, why = exc.stdout or "", f"no answer within {_PROBE_TIMEOUT_S} s"
+        if isinstance(out, bytes):
+            out = out.decode(errors="replace")
+        return None, _last_start(out), why
+    for line in proc.stdout.splitlines():
+        if line.startswith("results "):
+            return json.loads(line[len("results "):]), None, ""
+    if proc.returncode < 0:
+        why = signal.Signals(-proc.returncode).name
+    else:
+        tail = proc.stderr.strip().splitlines()
+        why = f"exit status {proc.returncode}" + (f": {tail[-1]}" if tail else "")
+    return None, _last_start(proc.stdout), why
+
+
+def _last_start(stdout: str) -> tuple[str, str] | None:
+    starts = [line.split()[1:3] for line in stdout.splitlines() if line.startswith("start ")]
+    return (starts[-1][0], starts[-1][1]) if starts else None
+
+
+def _child_command() -> list[str]:
+    if getattr(sys, "frozen", False):  # the PyInstaller bundle: its executable takes the probe's flag
+        return [sys.executable, "--cpu-probe"]
+    return [sys.executable, "-m", "aural.engine.cpu.probe"]
+
+
+def _cache_path() -> Path:
+    from ..models import cache_dir
+
+    return cache_dir().parent / "cpu-probe.json"
+
+
+def _read_cache(path: Path) -> dict[str, dict[str, str]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _machine_key(variant: str, installed: list[dict]) -> str:
+    """What the verdict depends on: the CPU (model, flags, microcode), the kernel (AMX permission is the
+    OS's), and the variant's library file."""
+    cpu = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            name = name.strip()
+            if name in ("model name", "flags", "microcode") and name not in cpu:
+                cpu[name] = value.strip()
+    except OSError:
+        cpu["machine"] = platform.processor()
+    library = next((v["path"] for v in installed if v["name"] == variant), "")
+    try:
+        stat = os.stat(library) if library else None
+    except OSError:
+        stat = None
+    parts = [json.dumps(cpu, sort_keys=True), platform.release(), variant, library,
+             f"{stat.st_size}:{stat.st_mtime_ns}" if stat else ""]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]

@@ -1,0 +1,110 @@
+// Aural's own CPU kernels one at a time, on numpy arrays, for tests that hold them to a float64 reference:
+// each call builds a one-op ggml graph, runs it on the CPU backend at the configured CPU level (cpu.h)
+// and returns its output. They raise ValueError where the level does not run the kernel.
+#include <pybind11/numpy.h>
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "activation.h"
+#include "attention.h"
+#include "backend.h"
+#include "bindings.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "int8-matmul.h"
+
+namespace py = pybind11;
+
+namespace aural::bindings {
+
+namespace {
+
+using farray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+struct graph_run {
+    std::vector<std::pair<ggml_tensor *, const void *>> inputs;
+    ggml_tensor * output = nullptr;
+};
+
+// Builds the graph with `build` (which creates its input tensors and names their data), runs it on the CPU
+// with the default thread count and copies the output into a float32 array of `shape`.
+farray run_on_cpu(const std::function<graph_run(ggml_context *)> & build, std::vector<py::ssize_t> shape) {
+    ensure_backends_loaded();
+    ggml_init_params params = {/*.mem_size =*/ 16 * ggml_tensor_overhead() + ggml_graph_overhead(),
+                               /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true};
+    std::unique_ptr<ggml_context, decltype(&ggml_free)> ctx(ggml_init(params), ggml_free);
+    graph_run run = build(ctx.get());
+    ggml_cgraph * gf = ggml_new_graph(ctx.get());
+    ggml_build_forward_expand(gf, run.output);
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    std::unique_ptr<ggml_backend, decltype(&ggml_backend_free)> backend(ggml_backend_dev_init(dev, nullptr),
+                                                                        ggml_backend_free);
+    set_backend_threads(backend.get(), default_threads());
+    std::unique_ptr<ggml_backend_buffer, decltype(&ggml_backend_buffer_free)> buf(
+        ggml_backend_alloc_ctx_tensors(ctx.get(), backend.get()), ggml_backend_buffer_free);
+    for (const auto & [tensor, data] : run.inputs) {
+        ggml_backend_tensor_set(tensor, data, 0, ggml_nbytes(tensor));
+    }
+    farray out(shape);
+    {
+        py::gil_scoped_release release;
+        if (ggml_backend_graph_compute(backend.get(), gf) != GGML_STATUS_SUCCESS) {
+            throw std::runtime_error("kernel graph failed");
+        }
+        ggml_backend_tensor_get(run.output, out.mutable_data(), 0, ggml_nbytes(run.output));
+    }
+    return out;
+}
+
+farray gelu(const farray & x) {
+    const int64_t n = x.size();
+    return run_on_cpu([&](ggml_context * ctx) {
+        ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
+        return graph_run{{{t, x.data()}}, gelu_erf(ctx, t, /*simd=*/true)};
+    }, {static_cast<py::ssize_t>(n)});
+}
+
+// q, v: (n, n_state); kt: (n_state, n). softmax(q_h k_h^T / sqrt(head_dim)) v_h per head h: (n, n_state).
+farray attention(const farray & q, const farray & kt, const farray & v, int n_head) {
+    if (q.ndim() != 2 || kt.ndim() != 2 || v.ndim() != 2) {
+        throw std::invalid_argument("attention takes 2-D q (n, n_state), kt (n_state, n) and v (n, n_state)");
+    }
+    const int64_t n = q.shape(0), n_state = q.shape(1);
+    return run_on_cpu([&](ggml_context * ctx) {
+        ggml_tensor * tq = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_state, n);
+        ggml_tensor * tk = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, kt.shape(1), kt.shape(0));
+        ggml_tensor * tv = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, v.shape(1), v.shape(0));
+        return graph_run{{{tq, q.data()}, {tk, kt.data()}, {tv, v.data()}}, encoder_self_attention(ctx, tq, tk, tv, n_head)};
+    }, {static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(n_state)});
+}
+
+// w: (rows, cols) packed as int8 (one scale per row); x: (m, cols). x w^T: (m, rows).
+farray int8_product(const farray & w, const farray & x) {
+    if (w.ndim() != 2 || x.ndim() != 2 || w.shape(1) != x.shape(1)) {
+        throw std::invalid_argument("int8_matmul takes w (rows, cols) and x (m, cols)");
+    }
+    const int64_t rows = w.shape(0), cols = w.shape(1), m = x.shape(0);
+    const int64_t panels = (rows + int8_panel_rows - 1) / int8_panel_rows;
+    std::vector<int8_t> packed(panels * int8_panel_bytes(cols));
+    int8_pack(w.data(), rows, cols, packed.data());
+    return run_on_cpu([&](ggml_context * ctx) {
+        ggml_tensor * tw = ggml_new_tensor_2d(ctx, GGML_TYPE_I8, int8_panel_bytes(cols), panels);
+        ggml_tensor * tx = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cols, m);
+        return graph_run{{{tw, packed.data()}, {tx, x.data()}}, int8_matmul(ctx, tw, rows, tx)};
+    }, {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(rows)});
+}
+
+}  // namespace
+
+void register_kernels(py::module_ & m) {
+    m.def("kernel_gelu", &gelu, py::arg("x"), "Aural's GELU (erf form) on a float32 array.");
+    m.def("kernel_attention", &attention, py::arg("q"), py::arg("kt"), py::arg("v"), py::arg("n_head"),
+          "Aural's encoder self-attention: q, v (n, n_state), kt (n_state, n) -> (n, n_state).");
+    m.def("kernel_int8_matmul", &int8_product, py::arg("w"), py::arg("x"),
+          "Aural's int8 product: w (rows, cols) quantised per row, x (m, cols) per column -> x w^T (m, rows).");
+}
+
+}  // namespace aural::bindings

@@ -1,0 +1,212 @@
+#include "cpu.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <stdexcept>
+
+#include "backend.h"
+#include "ggml-backend.h"
+#include "log.h"
+
+namespace aural {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::mutex mutex;
+cpu_config config;
+bool loaded = false;
+std::string in_use = "built-in";
+std::string reason = "this ggml build links its CPU backend in (no variants to choose from)";
+std::atomic<int> cap{-1};  // kernel_isa(), computed once the CPU backend is registered
+
+// Where GGML_BACKEND_DL builds put their backends: beside libggml.so (the bundle's own folder), or in the
+// bin/ folder of the prefix ggml-python installed into (site-packages/bin, beside site-packages/lib and
+// site-packages/ggml/lib, the two copies of libggml.so).
+std::vector<fs::path> backend_dirs() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void *>(&ggml_backend_load), &info) == 0 || !info.dli_fname) {
+        return {};
+    }
+    const fs::path lib = fs::path(info.dli_fname).parent_path();
+    return {lib, lib.parent_path() / "bin", lib.parent_path().parent_path() / "bin"};
+}
+
+// The shared objects named libggml-*.so in the backend folders (each file once, by name).
+std::vector<fs::path> backend_files() {
+    std::vector<fs::path> out;
+    for (const fs::path & dir : backend_dirs()) {
+        std::error_code ec;
+        for (const auto & entry : fs::directory_iterator(dir, ec)) {
+            const std::string file = entry.path().filename().string();
+            const bool named = file.rfind("libggml-", 0) == 0 && entry.path().extension() == ".so";
+            const bool seen = std::any_of(out.begin(), out.end(), [&](const fs::path & p) { return p.filename() == file; });
+            if (named && !seen && file != "libggml-base.so") out.push_back(entry.path());
+        }
+    }
+    return out;
+}
+
+// ggml_backend_score() of one variant's shared object; loading it runs none of its instructions.
+int variant_score(const fs::path & path) {
+    void * handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+        AURAL_LOG_WARN("cannot load %s: %s", path.c_str(), dlerror());
+        return 0;
+    }
+    using score_t = int (*)();
+    auto score = reinterpret_cast<score_t>(dlsym(handle, "ggml_backend_score"));
+    const int s = score ? score() : 0;
+    dlclose(handle);
+    return s;
+}
+
+std::string names(const std::vector<cpu_variant> & variants, bool runnable_only) {
+    std::string out;
+    for (const auto & v : variants) {
+        if (!runnable_only || v.score > 0) out += (out.empty() ? "" : ", ") + v.name;
+    }
+    return out.empty() ? "none" : out;
+}
+
+bool has_feature(ggml_backend_reg_t reg, const char * name) {
+    using get_features_t = ggml_backend_feature * (*)(ggml_backend_reg_t);
+    auto get = reinterpret_cast<get_features_t>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"));
+    for (ggml_backend_feature * f = get ? get(reg) : nullptr; f && f->name; ++f) {
+        if (std::string(f->name) == name) return std::string(f->value) == "1";
+    }
+    return false;
+}
+
+isa compute_cap() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
+    if (!reg) return isa::baseline;
+    // The variant's compile-time features (ggml_cpu_has_*), and what this CPU and its OS run.
+    const bool avx2 = has_feature(reg, "AVX2") && has_feature(reg, "FMA") && __builtin_cpu_supports("avx2") &&
+                      __builtin_cpu_supports("fma");
+    const bool avx512 = avx2 && has_feature(reg, "AVX512") && __builtin_cpu_supports("avx512f") &&
+                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    const bool vnni = avx512 && has_feature(reg, "AVX512_VNNI") && __builtin_cpu_supports("avx512vnni");
+    return vnni ? isa::avx512_vnni : avx512 ? isa::avx512 : avx2 ? isa::avx2 : isa::baseline;
+#else
+    return isa::baseline;
+#endif
+}
+
+// Every dynamic backend other than the CPU's (CUDA, Vulkan, BLAS ...): one libggml-<name>.so each.
+void load_other_backends() {
+    for (const fs::path & path : backend_files()) {
+        const std::string file = path.filename().string();
+        if (file.rfind("libggml-cpu", 0) == 0) continue;
+        if (!ggml_backend_load(path.c_str())) {
+            AURAL_LOG_INFO("backend %s does not run here (no device or driver)", file.c_str());
+        }
+    }
+}
+
+}  // namespace
+
+const char * isa_name(isa level) {
+    switch (level) {
+        case isa::avx2: return "avx2";
+        case isa::avx512: return "avx512";
+        case isa::avx512_vnni: return "avx512_vnni";
+        default: return "baseline";
+    }
+}
+
+std::vector<cpu_variant> cpu_variants() {
+    std::vector<cpu_variant> out;
+    const std::string prefix = "libggml-cpu-";
+    for (const fs::path & path : backend_files()) {
+        const std::string file = path.filename().string();
+        if (file.rfind(prefix, 0) != 0) continue;
+        const std::string name = file.substr(prefix.size(), file.size() - prefix.size() - 3);
+        out.push_back({name, path.string(), variant_score(path)});
+    }
+    std::sort(out.begin(), out.end(), [](const cpu_variant & a, const cpu_variant & b) { return a.score > b.score; });
+    return out;
+}
+
+void configure_cpu(const cpu_config & c) {
+    std::lock_guard<std::mutex> lock(mutex);
+    // The variant cannot change once loaded; the buffer types are read at each model load.
+    if (loaded && !c.variant.empty() && c.variant != in_use) {
+        throw std::logic_error("the CPU variant is chosen before the first device use; '" + in_use +
+                               "' is loaded already");
+    }
+    config = c;
+}
+
+void load_cpu_backends() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (loaded) return;
+    load_other_backends();
+    const std::vector<cpu_variant> variants = cpu_variants();
+    const char * env = std::getenv("AURAL_CPU_VARIANT");
+    const std::string want = !config.variant.empty() ? config.variant : (env && *env ? env : "");
+    if (variants.empty()) {
+        if (!want.empty() && want != "built-in") {
+            throw std::invalid_argument("CPU variant '" + want + "' is not installed: this ggml build links one CPU "
+                                        "backend in (rebuild with GGML_BACKEND_DL and GGML_CPU_ALL_VARIANTS)");
+        }
+    } else {
+        auto it = variants.begin();  // best score first
+        if (!want.empty()) {
+            it = std::find_if(variants.begin(), variants.end(), [&](const cpu_variant & v) { return v.name == want; });
+            if (it == variants.end()) {
+                throw std::invalid_argument("no CPU variant '" + want + "'; installed: " + names(variants, false));
+            }
+            if (it->score == 0) {
+                throw std::invalid_argument("CPU variant '" + want + "' needs instructions this CPU lacks; it runs: " +
+                                            names(variants, true));
+            }
+        }
+        if (it->score == 0 || !ggml_backend_load(it->path.c_str())) {
+            throw std::runtime_error("cannot load ggml's CPU backend " + it->path);
+        }
+        in_use = it->name;
+        reason = !config.reason.empty()  ? config.reason
+                 : !config.variant.empty() ? "chosen by the caller"
+                 : !want.empty()         ? "AURAL_CPU_VARIANT=" + want
+                                         : "the best of the " + std::to_string(variants.size()) +
+                                               " installed variants this CPU runs (ggml score " +
+                                               std::to_string(it->score) + ")";
+    }
+    loaded = true;
+    cap = static_cast<int>(compute_cap());
+    AURAL_LOG_INFO("CPU variant %s (%s); Aural's kernels up to %s", in_use.c_str(), reason.c_str(),
+                   isa_name(static_cast<isa>(cap.load())));
+}
+
+std::string cpu_variant_in_use() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return in_use;
+}
+
+std::string cpu_variant_reason() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return reason;
+}
+
+bool buft_allowed(const std::string & name) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto & ex = config.excluded_bufts;
+    return std::find(ex.begin(), ex.end(), name) == ex.end();
+}
+
+isa kernel_isa() {
+    if (cap.load() < 0) {
+        ensure_backends_loaded();
+    }
+    return static_cast<isa>(cap.load());
+}
+
+}  // namespace aural

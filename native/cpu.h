@@ -1,0 +1,64 @@
+// The CPU level: which of ggml's CPU backend variants runs, which of its extra buffer types may hold
+// weights, and the instruction set Aural's own CPU kernels (attention, GELU, int8 products) are capped to.
+//
+//   aural::configure_cpu({"haswell", {"AMX"}});   // before the first device use; throws once backends load
+//   aural::ensure_backends_loaded();              // (backend.h) loads the chosen variant
+//   if (aural::kernel_isa() >= aural::isa::avx512) { ... }
+//
+// A GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS build installs one libggml-cpu-<name>.so per x86-64 level
+// (ggml/src/CMakeLists.txt: x64, sse42, ..., haswell, skylakex, icelake, zen4, sapphirerapids); each
+// exports ggml_backend_score(), 0 where this CPU lacks the variant's instructions. A build with the CPU
+// backend linked in has no variants: its one level is "built-in".
+//
+// Unconfigured, the variant is $AURAL_CPU_VARIANT or the best-scoring one, and the AMX buffer type is left
+// out: AMX tiles need OS and hypervisor support that CPUID does not prove (issue #16: tileloadd raised
+// SIGILL on a VM that reported AMX and granted ARCH_REQ_XCOMP_PERM). The Python side
+// (aural.engine.cpu) probes the extra buffer types in a child process and configures the result.
+//
+// Thread-safety: configure_cpu() before any device use, from one thread; the readers are safe from any
+// thread once the backends are loaded.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace aural {
+
+// Instruction sets Aural's own kernels are compiled for, in order: each implies those before it.
+enum class isa : int { baseline = 0, avx2 = 1, avx512 = 2, avx512_vnni = 3 };
+const char * isa_name(isa level);
+
+struct cpu_variant {
+    std::string name;  // ggml's tag, e.g. "haswell"
+    std::string path;  // the shared object
+    int score = 0;     // ggml_backend_score(): 0 when this CPU cannot run it
+};
+
+struct cpu_config {
+    std::string variant;                     // "" = $AURAL_CPU_VARIANT, else the best score
+    std::vector<std::string> excluded_bufts = {"AMX"};  // extra buffer types that must not hold weights
+    std::string reason;                       // why, for `aural doctor` ("" = say how it was picked)
+};
+
+// The CPU variants this ggml build installed, best score first (empty for a build with the CPU linked in).
+std::vector<cpu_variant> cpu_variants();
+
+// Throws std::logic_error when the backends are already loaded with another variant.
+void configure_cpu(const cpu_config & config);
+
+// Loads the configured variant (and every other dynamic backend); called by ensure_backends_loaded().
+// Throws std::invalid_argument when the named variant is not installed or this CPU cannot run it.
+void load_cpu_backends();
+
+// After loading: the variant in use ("built-in" without variants), and the reason it was chosen.
+std::string cpu_variant_in_use();
+std::string cpu_variant_reason();
+
+// Whether an extra buffer type of ggml-cpu (by its name, "AMX", "CPU_REPACK") may hold weights.
+bool buft_allowed(const std::string & name);
+
+// The highest instruction set both this CPU and the loaded ggml variant have: Aural's kernels use
+// nothing above it, so AURAL_CPU_VARIANT=haswell runs AVX2 code only, in ggml and in Aural alike.
+isa kernel_isa();
+
+}  // namespace aural

@@ -1,0 +1,196 @@
+"""The CPU level (aural.engine.cpu, native/cpu.h): ggml's variants, the cap on Aural's own kernels, the
+probe that vets extra buffer types in a child process, and each of Aural's kernels held to a float64
+reference with bounds from its arithmetic (not to another kernel's output on one CPU)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from aural.engine import cpu
+from aural import _native  # noqa: I001
+
+EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one f32 rounding is at most EPS32 / 2 relative
+
+
+@pytest.fixture(scope="module")
+def level():
+    return cpu.configure()
+
+
+def aural(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "aural.engine.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def doctor(env=None, *args):
+    proc = aural("doctor", "--json", *args, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def runnable():
+    return [v["name"] for v in _native.cpu_variants() if v["score"] > 0]
+
+
+def test_the_level_in_use_is_one_this_cpu_runs_and_caps_the_kernels(level):
+    features = _native.cpu_features()
+    assert level.variant in (level.runnable or ("built-in",))
+    if level.runnable and not os.environ.get(cpu.VARIANT_ENV):
+        assert level.variant == level.runnable[0]  # the best score wins when its probe passes
+    expected = ("avx512_vnni" if features.get("AVX512_VNNI") == "1" else "avx512" if features.get("AVX512") == "1"
+                else "avx2" if features.get("AVX2") == "1" and features.get("FMA") == "1" else "baseline")
+    assert level.kernel_isa == expected
+    kernels = _native.cpu_kernels()
+    assert kernels["int8_matmul"] == (expected == "avx512_vnni")
+    assert kernels["encoder_attention"] == (expected != "baseline")
+    assert "AMX" in level.excluded or level.bufts.get("AMX") == "ok"
+
+
+def test_a_named_variant_runs_ggml_and_aurals_kernels_at_that_level():
+    if "haswell" not in runnable():
+        pytest.skip("this CPU does not run ggml's haswell (AVX2) variant")
+    report = doctor({cpu.VARIANT_ENV: ""}, "--cpu-variant", "haswell")
+    assert report["cpu_level"]["variant"] == "haswell"
+    assert report["cpu_level"]["reason"] == "AURAL_CPU_VARIANT=haswell"
+    assert report["cpu_level"]["kernel_isa"] == "avx2"
+    assert report["cpu_features"].get("AVX2") == "1" and "AVX512" not in report["cpu_features"]
+    assert report["cpu_kernels"] == {"encoder_attention": True, "int8_matmul": False}
+
+
+def test_unknown_and_unrunnable_variants_are_one_line_errors(jfk_wav):
+    proc = aural("transcribe", str(jfk_wav), "--cpu-variant", "pentium4")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "no CPU variant 'pentium4'; installed:" in proc.stderr
+    beyond = [v["name"] for v in _native.cpu_variants() if v["score"] == 0]
+    if beyond:
+        proc = aural("doctor", env={cpu.VARIANT_ENV: beyond[0]})
+        assert proc.returncode == 1
+        assert f"CPU variant '{beyond[0]}' needs instructions this CPU lacks; it runs:" in proc.stderr
+
+
+def test_a_buffer_type_that_faults_is_left_out_and_cached(tmp_path):
+    """AURAL_CPU_PROBE_FAULT makes the probe's child die of SIGILL where a buffer type's first product starts,
+    as AMX tiles did on issue #16's VM: the verdict names the signal, the buffer type holds no weights, the
+    other buffer types are still vetted, and the verdict is cached for this machine."""
+    clean = doctor({"AURAL_CACHE_DIR": str(tmp_path)})["cpu_level"]["extra_buffers"]
+    offered = sorted(clean)
+    if not offered:
+        pytest.skip("this CPU variant offers no extra buffer types")
+    victim = offered[-1]
+    report = doctor({"AURAL_CACHE_DIR": str(tmp_path / "fault"), "AURAL_CPU_PROBE_FAULT": victim})
+    verdicts = report["cpu_level"]["extra_buffers"]
+    assert verdicts[victim].startswith("SIGILL in its ") and victim in report["cpu_level"]["excluded"]
+    assert all(verdicts[b] == clean[b] for b in offered if b != victim)
+    cache = tmp_path / "fault" / "cpu-probe.json"
+    stored = json.loads(cache.read_text())
+    assert [v[victim] for v in stored.values()] == [verdicts[victim]]
+    # Cached: without the fault the same machine keeps the stored verdict.
+    assert doctor({"AURAL_CACHE_DIR": str(tmp_path / "fault")})["cpu_level"]["extra_buffers"] == verdicts
+
+
+def test_a_variant_whose_plain_products_fault_is_passed_over(tmp_path):
+    names = runnable()
+    if len(names) < 2:
+        pytest.skip("needs two CPU variants this CPU runs")
+    report = doctor({"AURAL_CACHE_DIR": str(tmp_path), "AURAL_CPU_PROBE_FAULT": f"{names[0]}/CPU",
+                     cpu.VARIANT_ENV: ""})
+    assert report["cpu_level"]["variant"] == names[1]
+    assert f"passed over: {names[0]} (SIGILL in its f16 product)" in report["cpu_level"]["reason"]
+    proc = aural("doctor", env={"AURAL_CACHE_DIR": str(tmp_path / "named"), "AURAL_CPU_PROBE_FAULT": f"{names[0]}/CPU",
+                                cpu.VARIANT_ENV: names[0]})
+    assert proc.returncode == 1 and f"CPU variant '{names[0]}' fails its probe: SIGILL" in proc.stderr
+
+
+# ------------------------------------------------------------------------------- kernels against float64
+
+
+def gelu64(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def test_gelu_is_within_its_approximation_and_rounding(level):
+    """y = x/2 (1 + erf(x/sqrt 2)) with erfc from Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7)
+    times exp_neg (relative <= 1e-7 with its roundings): the error is at most x/2 (1.5e-7 + 1e-7 erfc) plus
+    a few f32 roundings of y."""
+    rng = np.random.default_rng(5)
+    x = np.concatenate([np.linspace(-14, 14, 28_001), rng.normal(0, 3, 20_000)]).astype(np.float32)
+    y = _native.kernel_gelu(x).astype(np.float64)
+    x64 = x.astype(np.float64)
+    exact = gelu64(x64)
+    erfc = np.vectorize(math.erfc)(np.abs(x64) / math.sqrt(2.0))
+    bound = 0.5 * np.abs(x64) * (1.5e-7 + 1e-7 * erfc) + 4 * EPS32 * np.abs(exact) + 1e-30
+    assert np.all(np.abs(y - exact) <= bound), float(np.max(np.abs(y - exact) / bound))
+
+
+def attention64(q, kt, v, n_head):
+    n, n_state = q.shape
+    d = n_state // n_head
+    out = np.empty((n, n_state))
+    for h in range(n_head):
+        cols = slice(h * d, (h + 1) * d)
+        s = q[:, cols] @ kt[cols, :] / math.sqrt(d)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        out[:, cols] = (p / p.sum(axis=1, keepdims=True)) @ v[:, cols]
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 31, 601, 750])
+def test_encoder_attention_is_within_f32_rounding(level, n):
+    """softmax(q k^T / sqrt d) v per head in f32: a score carries gamma_d sum|q k| of summation error
+    (gamma_n = n eps / (1 - n eps)), which moves an output by at most twice the largest score error times
+    sum p |v|; the exponential (1e-7 relative) and the sum over n positions add (gamma_n + 1e-6) sum p |v|.
+    n = 601 ends in a 1-row query block, 750 is not a multiple of the 32-position panels."""
+    if level.kernel_isa == "baseline":
+        pytest.skip("Aural's attention needs AVX2 or AVX-512")
+    rng = np.random.default_rng(n)
+    n_state, n_head, d = 384, 6, 64
+    q, v = (rng.normal(0, 1, (n, n_state)).astype(np.float32) for _ in range(2))
+    kt = rng.normal(0, 1, (n_state, n)).astype(np.float32)
+    got = _native.kernel_attention(q, kt, v, n_head).astype(np.float64)
+    q64, kt64, v64 = q.astype(np.float64), kt.astype(np.float64), v.astype(np.float64)
+    exact = attention64(q64, kt64, v64, n_head)
+
+    def gamma(m):
+        return m * EPS32 / (1 - m * EPS32)
+
+    for h in range(n_head):
+        cols = slice(h * d, (h + 1) * d)
+        s = q64[:, cols] @ kt64[cols, :] / math.sqrt(d)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        score_err = gamma(d) * (np.abs(q64[:, cols]) @ np.abs(kt64[cols, :])).max(axis=1) / math.sqrt(d)
+        weight = p @ np.abs(v64[:, cols])  # sum_j p_j |v_j|, (n, d)
+        bound = (2 * score_err[:, None] + gamma(n) + 1e-6) * weight
+        err = np.abs(got[:, cols] - exact[:, cols])
+        assert np.all(err <= bound), float(np.max(err / bound))
+
+
+@pytest.mark.parametrize("rows, cols, m", [(64, 384, 1), (1536, 384, 5), (384, 1536, 33)])
+def test_int8_products_are_within_their_quantisation_steps(level, rows, cols, m):
+    """Weights round to int8 with one step sw = amax/127 per row, activations with one step sx per column;
+    the int32 sums are exact, so y - y64 = sum_k (w_k ex_k + x_k ew_k + ew_k ex_k) with |ew| <= sw/2 and
+    |ex| <= sx/2, plus two f32 roundings of the scaled result."""
+    if level.kernel_isa != "avx512_vnni":
+        pytest.skip("Aural's int8 products need AVX-512 VNNI")
+    rng = np.random.default_rng(rows + m)
+    w = rng.normal(0, 0.05, (rows, cols)).astype(np.float32)
+    x = rng.normal(0, 1, (m, cols)).astype(np.float32)
+    x[:, 7] = 6.0  # one outlier per column, as activations have: it sets the column's step
+    got = _native.kernel_int8_matmul(w, x).astype(np.float64)
+    w64, x64 = w.astype(np.float64), x.astype(np.float64)
+    exact = x64 @ w64.T
+    sw = np.abs(w64).max(axis=1) / 127  # (rows,)
+    sx = np.abs(x64).max(axis=1) / 127  # (m,)
+    bound = (np.abs(x64).sum(axis=1)[:, None] * sw[None, :] / 2 + sx[:, None] * np.abs(w64).sum(axis=1)[None, :] / 2
+             + cols * sx[:, None] * sw[None, :] / 4) * (1 + 1e-6) + 2 * EPS32 * np.abs(exact)
+    err = np.abs(got - exact)
+    assert np.all(err <= bound), float(np.max(err / bound))
+    assert np.abs(got - exact).max() > 0  # the products are quantised: equal only by accident
