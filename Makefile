@@ -71,7 +71,7 @@ endif
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# Rewrites the pins from the current .venv (after changing a dependency in pyproject.toml) and bench/.venv.
+# Rewrites the pins from the current .venv after a dependency changes in pyproject.toml.
 .PHONY: constraints
 constraints: setup
 	tools/constraints.sh $(VENV) > $(CONSTRAINTS)

@@ -8,15 +8,18 @@ Each level runs in its own process with AURAL_CPU_VARIANT set, from the project 
     .venv/bin/python bench/cpu_levels.py                          # haswell, skylakex, icelake and the best
     .venv/bin/python bench/cpu_levels.py --levels haswell,zen4 --tests
 
-Outputs bench/results/cpu-levels.json and bench/results/cpu-levels.md. Token agreement: per clip and mode,
-the longest common prefix of the level's tokens and the reference level's, summed over clips, over the
-reference's token count (a divergence counts every later token as different, the strict reading).
+Outputs bench/results/cpu-levels.json and bench/results/cpu-levels.md (`--render` redraws the Markdown from
+the JSON). Token agreement, per mode over all clips, against the reference level (the best this CPU runs):
+"same tokens" counts the tokens in the blocks difflib matches between the two token lists, over the
+reference's tokens; "same prefix" only those before the first difference (the strict reading: after a
+divergence every later token counts as different).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import difflib
 import json
 import os
 import re
@@ -50,9 +53,9 @@ def worker() -> dict[str, Any]:
         for clip in english_dev_clips():
             raw = {"raw_rate": 16000, "raw_format": "s16le"} if clip.path.suffix == ".raw" else {}
             segments = list(transcribe(model, clip.path, TranscribeOptions(beam_size=beam), **raw))
-            clips[clip.file] = {"text": "".join(s.text for s in segments), "tokens": [t for s in segments for t in s.tokens]}
+            clips[clip.name] = {"text": "".join(s.text for s in segments), "tokens": [t for s in segments for t in s.tokens]}
         out["modes"][mode] = clips
-    jfk = next(c for c in english_dev_clips() if c.file.startswith("en_jfk"))
+    jfk = next(c for c in english_dev_clips() if c.name.startswith("en_jfk"))
     for wtype in WEIGHT_TYPES:
         try:
             m = WhisperModel(resolve_model("tiny.en", wtype=wtype))
@@ -88,9 +91,13 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def matched(a: list[int], b: list[int]) -> int:
+    return sum(block.size for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks())
+
+
 def summarise(levels: list[dict[str, Any]], reference: str) -> list[dict[str, Any]]:
     ref = next(lv for lv in levels if lv.get("variant") == reference)
-    clips = {c.file: c.reference for c in english_dev_clips()}
+    clips = {c.name: c.reference for c in english_dev_clips()}
     rows = []
     for lv in levels:
         if "failed" in lv:
@@ -98,31 +105,34 @@ def summarise(levels: list[dict[str, Any]], reference: str) -> list[dict[str, An
             continue
         row: dict[str, Any] = {"variant": lv["variant"], "kernel_isa": lv["kernel_isa"], "tests": lv.get("tests")}
         for mode, per_clip in lv["modes"].items():
-            errors = words = same = total = 0
+            errors = words = same = prefix = total = 0
             for file, got in per_clip.items():
                 e, w = word_errors(clips[file], got["text"])
                 errors, words = errors + e, words + w
                 theirs = ref["modes"][mode][file]["tokens"]
-                same += common_prefix(got["tokens"], theirs)
+                same += matched(got["tokens"], theirs)
+                prefix += common_prefix(got["tokens"], theirs)
                 total += len(theirs)
             row[f"wer_{mode}"] = errors / words
             row[f"same_tokens_{mode}"] = same / total
+            row[f"same_prefix_{mode}"] = prefix / total
         row["jfk"] = {w: r.get("errors", r.get("error")) for w, r in lv["jfk"].items()}
         rows.append(row)
     return rows
 
 
 def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    header = ["level", "kernels", "WER greedy", "WER beam 5", "same tokens greedy", "same tokens beam 5",
-              "JFK errors f16 / q8_0 / q5_0 / q4_0", "engine tests"]
+    header = ["level", "kernels", "WER greedy", "WER beam 5", "same tokens (prefix) greedy",
+              "same tokens (prefix) beam 5", "JFK errors f16 / q8_0 / q5_0 / q4_0", "engine tests"]
     body = []
     for r in rows:
         if "failed" in r:
             body.append([r["variant"], "failed: " + " ".join(r["failed"]), "", "", "", "", "", ""])
             continue
         jfk = " / ".join(str(r["jfk"][w]) for w in WEIGHT_TYPES)
-        body.append([r["variant"], r["kernel_isa"], f"{r['wer_greedy']:.1%}", f"{r['wer_beam5']:.1%}",
-                     f"{r['same_tokens_greedy']:.1%}", f"{r['same_tokens_beam5']:.1%}", jfk, r.get("tests") or "not run"])
+        same = [f"{r[f'same_tokens_{m}']:.1%} ({r[f'same_prefix_{m}']:.1%})" for m in ("greedy", "beam5")]
+        body.append([r["variant"], r["kernel_isa"], f"{r['wer_greedy']:.1%}", f"{r['wer_beam5']:.1%}", *same, jfk,
+                     r.get("tests") or "not run"])
     return "\n".join([
         "# Aural at each CPU level",
         "",
@@ -130,7 +140,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"Reference level for token agreement: {meta['reference']}. Command: `{meta['command']}`.",
         "",
         "Dev clips: the 18 English clips of shared/data (WER: all errors over all reference words, openai-whisper's",
-        "normaliser). Same tokens: longest common prefix with the reference level per clip, over its tokens.",
+        "normaliser). Same tokens: tokens in difflib's matching blocks with the reference level, over its tokens;",
+        "in brackets, only those before the first difference. Kernels: the widest instructions Aural's own use.",
         "JFK errors: word errors against the 22-word reference for each weight type.",
         "",
         md_table(header, body),
@@ -145,9 +156,17 @@ def main(argv: list[str]) -> int:
                                                      "skylakex, icelake and the best this CPU runs)")
     parser.add_argument("--tests", action="store_true", help="also run the engine tests at each level")
     parser.add_argument("--name", default="cpu-levels")
+    parser.add_argument("--render", action="store_true", help="only redraw <name>.md from <name>.json")
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker()))
+        return 0
+    if args.render:
+        stored = json.loads((RESULTS / f"{args.name}.json").read_text())
+        stored["rows"] = summarise(stored["levels"], stored["meta"]["reference"])
+        (RESULTS / f"{args.name}.json").write_text(json.dumps(stored, indent=1))
+        (RESULTS / f"{args.name}.md").write_text(render(stored["meta"], stored["rows"]))
+        print(render(stored["meta"], stored["rows"]))
         return 0
     from aural import _native
 

@@ -9,9 +9,10 @@ venv="$here/.venv"
 start=$(date +%s)
 if [[ ! -x "$venv/bin/python" ]]; then
     "$python" -m venv "$venv"
-    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q -c "$here/constraints.txt" --upgrade pip
 fi
-"$venv/bin/pip" install -q -r "$here/requirements.txt"
+# constraints.txt pins every package of a working bench venv (tools/constraints.sh bench/.venv writes it).
+"$venv/bin/pip" install -q -c "$here/constraints.txt" -r "$here/requirements.txt"
 "$venv/bin/python" - <<'PY'
 import ctranslate2, faster_whisper, jiwer, matplotlib, pywhispercpp.model, whisper_normalizer
 print("bench venv ok: faster-whisper", faster_whisper.__version__, "ctranslate2", ctranslate2.__version__)

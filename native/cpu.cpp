@@ -26,16 +26,20 @@ std::string in_use = "built-in";
 std::string reason = "this ggml build links its CPU backend in (no variants to choose from)";
 std::atomic<int> cap{-1};  // kernel_isa(), computed once the CPU backend is registered
 
-// Where GGML_BACKEND_DL builds put their backends: beside libggml.so (the bundle's own folder), or in the
-// bin/ folder of the prefix ggml-python installed into (site-packages/bin, beside site-packages/lib and
-// site-packages/ggml/lib, the two copies of libggml.so).
+// Where GGML_BACKEND_DL builds put their backends: the bin/ folder of the prefix ggml-python installed into
+// (site-packages/bin, beside site-packages/lib and site-packages/ggml/lib, the two copies of libggml.so),
+// beside libggml.so, or beside the executable (the bundle: packaging/aural.spec), as ggml itself looks.
 std::vector<fs::path> backend_dirs() {
+    std::vector<fs::path> dirs;
     Dl_info info{};
-    if (dladdr(reinterpret_cast<void *>(&ggml_backend_load), &info) == 0 || !info.dli_fname) {
-        return {};
+    if (dladdr(reinterpret_cast<void *>(&ggml_backend_load), &info) != 0 && info.dli_fname) {
+        const fs::path lib = fs::path(info.dli_fname).parent_path();
+        dirs = {lib, lib.parent_path() / "bin", lib.parent_path().parent_path() / "bin"};
     }
-    const fs::path lib = fs::path(info.dli_fname).parent_path();
-    return {lib, lib.parent_path() / "bin", lib.parent_path().parent_path() / "bin"};
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) dirs.push_back(exe.parent_path());
+    return dirs;
 }
 
 // The shared objects named libggml-*.so in the backend folders (each file once, by name).

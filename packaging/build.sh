@@ -2,9 +2,10 @@
 # `make package`: the wheel and sdist (dist/*.whl, dist/*.tar.gz) and the one-folder PyInstaller bundle
 # (dist/aural/), all built in build/package-venv against a portable ggml:
 #   GGML_NATIVE=OFF          no -march=native: the build machine's CPU is not assumed
-#   GGML_BACKEND_DL=ON       backends are shared objects that ggml_backend_load_all() loads at run time
+#   GGML_BACKEND_DL=ON       backends are shared objects that Aural loads at run time (native/cpu.h)
 #   GGML_CPU_ALL_VARIANTS=ON one libggml-cpu-<variant>.so per x86-64 level (sse42 ... avx512, amx);
-#                            ggml scores them against the running CPU and loads the best
+#                            Aural scores them against the running CPU and loads the best that passes
+#                            its probe (or AURAL_CPU_VARIANT)
 #   GGML_LLAMAFILE=ON        tinyBLAS kernels for batched f16/q8_0 matrix products in every variant, as in
 #                            the Makefile's build (bench/results/speed-ablation.md)
 # Steps are stamped, so a second run rebuilds only Aural and the bundle.
@@ -27,7 +28,7 @@ log() { printf '\n== %s\n' "$*"; }
 if [[ ! -x $VENV/bin/python ]]; then
     log "build venv $VENV"
     "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip
+    "$VENV/bin/pip" install -q -c packaging/constraints.txt --upgrade pip
 fi
 PY=$VENV/bin/python
 PIP=$VENV/bin/pip
@@ -45,7 +46,7 @@ fi
 
 log "build tools"
 # typing_extensions: ggml-python's own dependency (it was installed with --no-deps above).
-"$PIP" install -q "scikit-build-core>=0.11" "pybind11>=2.12" numpy "typing_extensions>=4.6.3" "build>=1.2" \
+"$PIP" install -q -c packaging/constraints.txt "scikit-build-core>=0.11" "pybind11>=2.12" numpy "typing_extensions>=4.6.3" "build>=1.2" \
     "pyinstaller>=6.6,<7"
 
 # The wheel and sdist: `python -m build` makes the sdist, then the wheel from the unpacked sdist, so the
@@ -62,7 +63,7 @@ SDIST=$(ls dist/aural-*.tar.gz)
 "$PY" packaging/check_dists.py "$WHEEL" "$SDIST"
 
 log "install the wheel into $VENV"
-"$PIP" install -q "$WHEEL[gui,live]"
+"$PIP" install -q -c packaging/constraints.txt "$WHEEL[gui,live]"
 "$PIP" install -q --force-reinstall --no-deps "$WHEEL"  # the same version number: replace the files
 
 MODELS=build/package/models
