@@ -44,7 +44,8 @@ $(GGML_STAMP): $(VENV)/bin/python
 	@touch $@
 
 $(VENV)/.deps: pyproject.toml $(CONSTRAINTS) $(GGML_STAMP)
-	$(PIP) install -q -c $(CONSTRAINTS) "scikit-build-core>=0.11" "pybind11>=2.12" numpy setuptools wheel
+	$(PIP) install -q -c $(CONSTRAINTS) "scikit-build-core>=0.11" "pybind11>=2.12" numpy setuptools wheel \
+		typing_extensions  # ggml-python's own dependency: it was installed with --no-deps
 	@touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(NATIVE_SRC) $(PY_LIST)
