@@ -51,13 +51,15 @@ std::vector<uint8_t> stored_weights(ggml_type type, const std::vector<float> & w
     return bytes;
 }
 
-bool runs_in(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * y) {
+// Whether `buft` takes `type`'s weights for a product: the op asked with the weights bound to a zero-size
+// buffer of that type (as model.cpp's buft_runs_matmul does).
+bool takes(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_type type) {
+    ctx_ptr ctx = new_ctx(3);
+    ggml_tensor * w = ggml_new_tensor_2d(ctx.get(), type, k_in, n_out);
+    ggml_tensor * y = ggml_mul_mat(ctx.get(), w, ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, k_in, batches[1]));
     buffer_ptr empty(ggml_backend_buft_alloc_buffer(buft, 0));
-    ggml_tensor * w = y->src[0];
     w->buffer = empty.get();
-    const bool ok = ggml_backend_dev_supports_op(dev, y);
-    w->buffer = nullptr;
-    return ok;
+    return ggml_backend_dev_supports_op(dev, y);
 }
 
 // The largest |y - y64| over its bound. Activations are rounded to the kernel's vec_dot type (f16, or q8
@@ -96,10 +98,7 @@ probe_result run_case(ggml_backend_t backend, ggml_backend_dev_t dev, ggml_backe
     ggml_tensor * wt = ggml_new_tensor_2d(wctx.get(), type, k_in, n_out);
     ggml_tensor * xt = ggml_new_tensor_2d(xctx.get(), GGML_TYPE_F32, k_in, batch);
     ggml_tensor * yt = ggml_mul_mat(xctx.get(), wt, xt);
-    probe_result r{ggml_backend_buft_name(buft), ggml_type_name(type), batch, -1.0};
-    if (!runs_in(dev, buft, yt)) {
-        return r;  // error -1: this buffer type does not take this weight type
-    }
+    probe_result r{ggml_backend_buft_name(buft), ggml_type_name(type), batch};
     buffer_ptr wbuf(ggml_backend_alloc_ctx_tensors_from_buft(wctx.get(), buft));
     buffer_ptr xbuf(ggml_backend_alloc_ctx_tensors_from_buft(xctx.get(), ggml_backend_dev_buffer_type(dev)));
     if (!wbuf || !xbuf) {
@@ -139,7 +138,8 @@ std::vector<probe_result> probe_cpu(const std::function<bool(const std::string &
     std::vector<probe_result> out;
     for (ggml_backend_buffer_type_t buft : bufts) {
         for (ggml_type type : {GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_0}) {
-            if (!on_start(ggml_backend_buft_name(buft), ggml_type_name(type))) continue;
+            const bool taken = takes(dev, buft, type);
+            if (!taken || !on_start(ggml_backend_buft_name(buft), ggml_type_name(type))) continue;
             for (int batch : batches) {
                 out.push_back(run_case(backend.get(), dev, buft, type, batch, rng));
             }

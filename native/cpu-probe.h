@@ -22,7 +22,8 @@ struct probe_result {
 };
 
 // Every buffer type ggml-cpu offers, the excluded ones (cpu_config) too: this is how they are vetted.
-// on_start(buft, type) is called before each case and returns whether to run it.
+// Only the weight types each buffer type takes are run; on_start(buft, type) is called before each and
+// returns whether to run it.
 std::vector<probe_result> probe_cpu(const std::function<bool(const std::string &, const std::string &)> & on_start);
 
 }  // namespace aural

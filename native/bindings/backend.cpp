@@ -120,9 +120,9 @@ void register_backend(py::module_ & m) {
         }
         return out;
     }, py::arg("on_start"),
-       "Each weight type's product in the CPU buffer and every extra buffer type against float64 (error <= 1 "
-       "passes, -1: not taken there); on_start(buft, type) is called before each and returns whether to run it. May kill the process: run "
-       "it in a child (aural.engine.cpu.probe).");
+       "Each weight type's product in the CPU buffer and every extra buffer type that takes it, against float64 "
+       "(error <= 1 passes); on_start(buft, type) is called before each and returns whether to run it. May kill "
+       "the process: run it in a child (aural.engine.cpu.probe).");
     m.def("default_threads", &default_threads, "CPU threads used when 0 is passed.");
     m.def("quantize", &quantize, py::arg("data"), py::arg("type"),
           "Quantise a (rows, cols) float32 array with ggml; returns (rows, row_bytes) uint8.");
