@@ -8,8 +8,8 @@ Each level runs in its own process with AURAL_CPU_VARIANT set, from the project 
     .venv/bin/python bench/cpu_levels.py                          # haswell, skylakex, icelake and the best
     .venv/bin/python bench/cpu_levels.py --levels haswell,zen4 --tests
 
-Outputs bench/results/cpu-levels.json and bench/results/cpu-levels.md (`--render` redraws the Markdown from
-the JSON). Token agreement, per mode over all clips, against the reference level (the best this CPU runs):
+Outputs bench/results/cpu-levels.json, .md and .png (`--render` redraws the Markdown and the plot from the
+JSON; the plot needs matplotlib, which bench/.venv has). Token agreement, per mode over all clips, against the reference level (the best this CPU runs):
 "same tokens" counts the tokens in the blocks difflib matches between the two token lists, over the
 reference's tokens; "same prefix" only those before the first difference (the strict reading: after a
 divergence every later token counts as different).
@@ -149,6 +149,34 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     ])
 
 
+def plot(meta: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> bool:
+    """WER and token agreement per level as bars; False where matplotlib is missing (the project venv has
+    none: `bench/.venv/bin/python bench/cpu_levels.py --render` draws it)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in rows if "failed" not in r]
+    names = [f"{r['variant']}\n({r['kernel_isa']})" for r in rows]
+    fig, (wer_ax, same_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, (mode, label) in enumerate((("greedy", "greedy"), ("beam5", "beam 5"))):
+        xs = [j + 0.4 * i for j in range(len(rows))]
+        wer_ax.bar(xs, [100 * r[f"wer_{mode}"] for r in rows], width=0.4, label=label)
+        same_ax.bar(xs, [100 * r[f"same_tokens_{mode}"] for r in rows], width=0.4, label=label)
+    for ax, title in ((wer_ax, "dev-clip WER (%)"), (same_ax, "tokens the same as the best level (%)")):
+        ax.set_xticks([j + 0.2 for j in range(len(rows))], names, fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Aural tiny.en per CPU level, on {meta['machine'].get('cpu')} ({meta['machine'].get('cpus')} cores)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -166,6 +194,7 @@ def main(argv: list[str]) -> int:
         stored["rows"] = summarise(stored["levels"], stored["meta"]["reference"])
         (RESULTS / f"{args.name}.json").write_text(json.dumps(stored, indent=1))
         (RESULTS / f"{args.name}.md").write_text(render(stored["meta"], stored["rows"]))
+        plot(stored["meta"], stored["rows"], RESULTS / f"{args.name}.png")
         print(render(stored["meta"], stored["rows"]))
         return 0
     from aural import _native
@@ -182,6 +211,7 @@ def main(argv: list[str]) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows, "levels": levels}, indent=1))
     (RESULTS / f"{args.name}.md").write_text(render(meta, rows))
+    plot(meta, rows, RESULTS / f"{args.name}.png")
     print(render(meta, rows))
     return 0
 
