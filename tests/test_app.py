@@ -216,7 +216,9 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-# Memory in use after the second file and at the end. The first file warms up (with the encoder's widened
+# The floor of memory in use (the least of three files' readings) after the second file and at the end: single
+# readings swing by up to 33 MiB between files (847-880 MiB in one fresh-clone CI run), a leak raises the floor.
+# The first file warms up (with the encoder's widened
 # f32 matrices RSS steps from 278 to 306-310 MiB after it, in this test only, then stays there: after each
 # of 9 files 278, 324, 306, 306, 310, 339, 310, 327, 310 MiB; a plain loop over files shows no step).
 # A leak per file would show as growth: a kept native Context (KV arena 2.8 MiB + cross K/V
@@ -258,7 +260,7 @@ def test_fifty_dropped_files_with_random_cancels_all_end_and_the_window_quits_cl
     assert all(jobs[i].status is JobStatus.FAILED and "not found" in jobs[i].error
                for i in vanishing if i not in queued_cancels)
     assert len(rss_done) >= 6, rss_done
-    assert rss_done[-1] - rss_done[1] < RSS_GROWTH_MIB, rss_done
+    assert min(rss_done[-3:]) - min(rss_done[1:4]) < RSS_GROWTH_MIB, rss_done
     window.close()  # returns once the worker thread has ended
     assert not running_threads(window.live, window.files, window.models)
 
