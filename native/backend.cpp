@@ -55,7 +55,7 @@ void ensure_backends_loaded() {
     static std::once_flag once;
     std::call_once(once, [] {
         install_ggml_log_sink();
-        load_cpu_backends();  // dynamic backends (GGML_BACKEND_DL, cpu.h); linked ones are already registered
+        load_dynamic_backends();  // GGML_BACKEND_DL builds (cpu.h); linked ones are already registered
     });
 }
 
@@ -144,20 +144,32 @@ std::vector<std::string> supported_weight_types(ggml_backend_dev_t dev) {
 
 std::map<std::string, std::string> cpu_features() {
     ensure_backends_loaded();
-    std::map<std::string, std::string> out;
     ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
-    if (!reg) {
-        return out;
-    }
+    return reg ? backend_features(reg) : std::map<std::string, std::string>{};
+}
+
+std::map<std::string, std::string> backend_features(ggml_backend_reg_t reg) {
+    std::map<std::string, std::string> out;
     using get_features_t = ggml_backend_feature * (*)(ggml_backend_reg_t);
     auto get_features = reinterpret_cast<get_features_t>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"));
-    if (!get_features) {
-        return out;
-    }
-    for (ggml_backend_feature * f = get_features(reg); f && f->name; ++f) {
+    for (ggml_backend_feature * f = get_features ? get_features(reg) : nullptr; f && f->name; ++f) {
         out[f->name] = f->value;
     }
     return out;
+}
+
+bool buft_runs_matmul(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, const ggml_tensor * w) {
+    ggml_init_params params = {/*.mem_size =*/ 3 * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
+                               /*.no_alloc =*/ true};
+    ggml_context * ctx = ggml_init(params);
+    ggml_tensor * probe = ggml_dup_tensor(ctx, w);
+    ggml_tensor * y = ggml_mul_mat(ctx, probe, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 8));
+    ggml_backend_buffer_t empty = ggml_backend_buft_alloc_buffer(buft, 0);
+    probe->buffer = empty;
+    const bool ok = ggml_backend_dev_supports_op(dev, y);
+    ggml_backend_buffer_free(empty);
+    ggml_free(ctx);
+    return ok;
 }
 
 int default_threads() {

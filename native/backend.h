@@ -47,6 +47,12 @@ std::vector<std::string> supported_weight_types(ggml_backend_dev_t dev);
 
 // CPU features ggml was built for and detected (SSE3, AVX2, F16C, NEON ...), name -> value.
 std::map<std::string, std::string> cpu_features();
+// The same for one backend registry, without loading anything (cpu.cpp reads it while loading).
+std::map<std::string, std::string> backend_features(ggml_backend_reg_t reg);
+
+// Whether `dev` runs `w` x activations with `w` held in `buft`: a matmul on a copy of `w`'s type and
+// shape, bound to a zero-size buffer of that type, asks the device (ref: llama.cpp weight_buft_supported).
+bool buft_runs_matmul(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, const ggml_tensor * w);
 
 // Threads a CPU backend uses when the caller passes 0: the physical-core estimate of ggml's own examples.
 int default_threads();

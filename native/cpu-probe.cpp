@@ -51,17 +51,6 @@ std::vector<uint8_t> stored_weights(ggml_type type, const std::vector<float> & w
     return bytes;
 }
 
-// Whether `buft` takes `type`'s weights for a product: the op asked with the weights bound to a zero-size
-// buffer of that type (as model.cpp's buft_runs_matmul does).
-bool takes(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_type type) {
-    ctx_ptr ctx = new_ctx(3);
-    ggml_tensor * w = ggml_new_tensor_2d(ctx.get(), type, k_in, n_out);
-    ggml_tensor * y = ggml_mul_mat(ctx.get(), w, ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, k_in, batches[1]));
-    buffer_ptr empty(ggml_backend_buft_alloc_buffer(buft, 0));
-    w->buffer = empty.get();
-    return ggml_backend_dev_supports_op(dev, y);
-}
-
 // The largest |y - y64| over its bound. Activations are rounded to the kernel's vec_dot type (f16, or q8
 // blocks of 32 with one scale: a step of amax / 127), so each product term is off by at most
 // |w_k| max|x| / 127 (plus f32 summation, far smaller): the bound sums that over k.
@@ -138,7 +127,8 @@ std::vector<probe_result> probe_cpu(const std::function<bool(const std::string &
     std::vector<probe_result> out;
     for (ggml_backend_buffer_type_t buft : bufts) {
         for (ggml_type type : {GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_0}) {
-            const bool taken = takes(dev, buft, type);
+            ctx_ptr ctx = new_ctx(1);
+            const bool taken = buft_runs_matmul(dev, buft, ggml_new_tensor_2d(ctx.get(), type, k_in, n_out));
             if (!taken || !on_start(ggml_backend_buft_name(buft), ggml_type_name(type))) continue;
             for (int batch : batches) {
                 out.push_back(run_case(backend.get(), dev, buft, type, batch, rng));

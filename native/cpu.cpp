@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 
@@ -79,25 +80,20 @@ std::string names(const std::vector<cpu_variant> & variants, bool runnable_only)
     return out.empty() ? "none" : out;
 }
 
-bool has_feature(ggml_backend_reg_t reg, const char * name) {
-    using get_features_t = ggml_backend_feature * (*)(ggml_backend_reg_t);
-    auto get = reinterpret_cast<get_features_t>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"));
-    for (ggml_backend_feature * f = get ? get(reg) : nullptr; f && f->name; ++f) {
-        if (std::string(f->name) == name) return std::string(f->value) == "1";
-    }
-    return false;
-}
-
 isa compute_cap() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
     if (!reg) return isa::baseline;
     // The variant's compile-time features (ggml_cpu_has_*), and what this CPU and its OS run.
-    const bool avx2 = has_feature(reg, "AVX2") && has_feature(reg, "FMA") && __builtin_cpu_supports("avx2") &&
-                      __builtin_cpu_supports("fma");
-    const bool avx512 = avx2 && has_feature(reg, "AVX512") && __builtin_cpu_supports("avx512f") &&
+    const std::map<std::string, std::string> features = backend_features(reg);
+    auto has = [&](const char * name) {
+        auto it = features.find(name);
+        return it != features.end() && it->second == "1";
+    };
+    const bool avx2 = has("AVX2") && has("FMA") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const bool avx512 = avx2 && has("AVX512") && __builtin_cpu_supports("avx512f") &&
                         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-    const bool vnni = avx512 && has_feature(reg, "AVX512_VNNI") && __builtin_cpu_supports("avx512vnni");
+    const bool vnni = avx512 && has("AVX512_VNNI") && __builtin_cpu_supports("avx512vnni");
     return vnni ? isa::avx512_vnni : avx512 ? isa::avx512 : avx2 ? isa::avx2 : isa::baseline;
 #else
     return isa::baseline;
@@ -115,6 +111,12 @@ void load_other_backends() {
     }
 }
 
+// How many installed variants this CPU runs.
+size_t runnable() {
+    const std::vector<cpu_variant> & v = cpu_variants();
+    return static_cast<size_t>(std::count_if(v.begin(), v.end(), [](const cpu_variant & c) { return c.score > 0; }));
+}
+
 }  // namespace
 
 const char * isa_name(isa level) {
@@ -126,17 +128,40 @@ const char * isa_name(isa level) {
     }
 }
 
-std::vector<cpu_variant> cpu_variants() {
-    std::vector<cpu_variant> out;
-    const std::string prefix = "libggml-cpu-";
-    for (const fs::path & path : backend_files()) {
-        const std::string file = path.filename().string();
-        if (file.rfind(prefix, 0) != 0) continue;
-        const std::string name = file.substr(prefix.size(), file.size() - prefix.size() - 3);
-        out.push_back({name, path.string(), variant_score(path)});
+const std::vector<cpu_variant> & cpu_variants() {
+    // Scanned once: scoring dlopens every variant (14 files), and the files do not change under a process.
+    static const std::vector<cpu_variant> variants = [] {
+        std::vector<cpu_variant> out;
+        const std::string prefix = "libggml-cpu-";
+        for (const fs::path & path : backend_files()) {
+            const std::string file = path.filename().string();
+            if (file.rfind(prefix, 0) != 0) continue;
+            const std::string name = file.substr(prefix.size(), file.size() - prefix.size() - 3);
+            out.push_back({name, path.string(), variant_score(path)});
+        }
+        std::sort(out.begin(), out.end(), [](const cpu_variant & a, const cpu_variant & b) { return a.score > b.score; });
+        return out;
+    }();
+    return variants;
+}
+
+const cpu_variant * cpu_variant_named(const std::string & want) {
+    const std::vector<cpu_variant> & variants = cpu_variants();
+    if (variants.empty()) {
+        if (want.empty() || want == "built-in") return nullptr;
+        throw std::invalid_argument("CPU variant '" + want + "' is not installed: this ggml build links one CPU "
+                                    "backend in (rebuild with GGML_BACKEND_DL and GGML_CPU_ALL_VARIANTS)");
     }
-    std::sort(out.begin(), out.end(), [](const cpu_variant & a, const cpu_variant & b) { return a.score > b.score; });
-    return out;
+    if (want.empty()) return &variants.front();  // best score first
+    auto it = std::find_if(variants.begin(), variants.end(), [&](const cpu_variant & v) { return v.name == want; });
+    if (it == variants.end()) {
+        throw std::invalid_argument("no CPU variant '" + want + "'; installed: " + names(variants, false));
+    }
+    if (it->score == 0) {
+        throw std::invalid_argument("CPU variant '" + want + "' needs instructions this CPU lacks; it runs: " +
+                                    names(variants, true));
+    }
+    return &*it;
 }
 
 void configure_cpu(const cpu_config & c) {
@@ -149,40 +174,23 @@ void configure_cpu(const cpu_config & c) {
     config = c;
 }
 
-void load_cpu_backends() {
+void load_dynamic_backends() {
     std::lock_guard<std::mutex> lock(mutex);
     if (loaded) return;
     load_other_backends();
-    const std::vector<cpu_variant> variants = cpu_variants();
     const char * env = std::getenv("AURAL_CPU_VARIANT");
     const std::string want = !config.variant.empty() ? config.variant : (env && *env ? env : "");
-    if (variants.empty()) {
-        if (!want.empty() && want != "built-in") {
-            throw std::invalid_argument("CPU variant '" + want + "' is not installed: this ggml build links one CPU "
-                                        "backend in (rebuild with GGML_BACKEND_DL and GGML_CPU_ALL_VARIANTS)");
+    if (const cpu_variant * chosen = cpu_variant_named(want)) {
+        if (chosen->score == 0 || !ggml_backend_load(chosen->path.c_str())) {
+            throw std::runtime_error("cannot load ggml's CPU backend " + chosen->path);
         }
-    } else {
-        auto it = variants.begin();  // best score first
-        if (!want.empty()) {
-            it = std::find_if(variants.begin(), variants.end(), [&](const cpu_variant & v) { return v.name == want; });
-            if (it == variants.end()) {
-                throw std::invalid_argument("no CPU variant '" + want + "'; installed: " + names(variants, false));
-            }
-            if (it->score == 0) {
-                throw std::invalid_argument("CPU variant '" + want + "' needs instructions this CPU lacks; it runs: " +
-                                            names(variants, true));
-            }
-        }
-        if (it->score == 0 || !ggml_backend_load(it->path.c_str())) {
-            throw std::runtime_error("cannot load ggml's CPU backend " + it->path);
-        }
-        in_use = it->name;
+        in_use = chosen->name;
         reason = !config.reason.empty()  ? config.reason
                  : !config.variant.empty() ? "chosen by the caller"
-                 : !want.empty()         ? "AURAL_CPU_VARIANT=" + want
-                                         : "the best of the " + std::to_string(variants.size()) +
+                 : !want.empty()           ? "AURAL_CPU_VARIANT=" + want
+                                           : "the best of the " + std::to_string(runnable()) +
                                                " installed variants this CPU runs (ggml score " +
-                                               std::to_string(it->score) + ")";
+                                               std::to_string(chosen->score) + ")";
     }
     loaded = true;
     cap = static_cast<int>(compute_cap());

@@ -41,14 +41,18 @@ struct cpu_config {
 };
 
 // The CPU variants this ggml build installed, best score first (empty for a build with the CPU linked in).
-std::vector<cpu_variant> cpu_variants();
+const std::vector<cpu_variant> & cpu_variants();
+
+// The variant `want` names ("" = the best score), or null for a build with the CPU linked in. Throws
+// std::invalid_argument when it is not installed or this CPU cannot run it.
+const cpu_variant * cpu_variant_named(const std::string & want);
 
 // Throws std::logic_error when the backends are already loaded with another variant.
 void configure_cpu(const cpu_config & config);
 
-// Loads the configured variant (and every other dynamic backend); called by ensure_backends_loaded().
-// Throws std::invalid_argument when the named variant is not installed or this CPU cannot run it.
-void load_cpu_backends();
+// Loads every dynamic backend, of the CPU's variants the configured one; called by ensure_backends_loaded().
+// Throws as cpu_variant_named() does.
+void load_dynamic_backends();
 
 // After loading: the variant in use ("built-in" without variants), and the reason it was chosen.
 std::string cpu_variant_in_use();

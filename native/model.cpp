@@ -86,22 +86,6 @@ std::vector<ggml_backend_buffer_type_t> extra_bufts(ggml_backend_dev_t dev) {
     return out;
 }
 
-// Whether `dev` runs `w` x activations with `w` held in `buft`: a matmul on a copy of `w`'s type and
-// shape, bound to a zero-size buffer of that type, asks the device (ref: llama.cpp weight_buft_supported).
-bool buft_runs_matmul(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, const ggml_tensor * w) {
-    ggml_init_params params = {/*.mem_size =*/ 3 * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
-                               /*.no_alloc =*/ true};
-    ggml_context * ctx = ggml_init(params);
-    ggml_tensor * probe = ggml_dup_tensor(ctx, w);
-    ggml_tensor * y = ggml_mul_mat(ctx, probe, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 8));
-    ggml_backend_buffer_t empty = ggml_backend_buft_alloc_buffer(buft, 0);
-    probe->buffer = empty;
-    const bool ok = ggml_backend_dev_supports_op(dev, y);
-    ggml_backend_buffer_free(empty);
-    ggml_free(ctx);
-    return ok;
-}
-
 }  // namespace
 
 std::unique_ptr<model> model::load(const std::string & path, const std::string & device, int n_threads) {

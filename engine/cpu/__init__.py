@@ -86,7 +86,7 @@ def _configure(variant: str | None) -> CpuLevel:
 
     installed = list(_native.cpu_variants())
     runnable = tuple(v["name"] for v in installed if v["score"] > 0)
-    candidates = _candidates(installed, want)
+    candidates = _candidates(_native, installed, want)
     passed_over: list[str] = []
     for candidate in candidates:
         verdicts = _verdicts(candidate, installed)
@@ -115,21 +115,15 @@ def _configure(variant: str | None) -> CpuLevel:
     return _current
 
 
-def _candidates(installed: list[dict], want: str) -> list[str]:
+def _candidates(native, installed: list[dict], want: str) -> list[str]:
+    if want:
+        try:
+            native.check_cpu_variant(want)  # not installed, or this CPU cannot run it
+        except ValueError as exc:
+            raise CpuLevelError(str(exc)) from exc
     if not installed:
-        if want and want != BUILT_IN:
-            raise CpuLevelError(f"CPU variant '{want}' is not installed: this ggml build links one CPU backend in "
-                                "(the Makefile's build has every variant)")
         return [BUILT_IN]
-    if not want:
-        return [v["name"] for v in installed if v["score"] > 0]
-    named = [v for v in installed if v["name"] == want]
-    if not named:
-        raise CpuLevelError(f"no CPU variant '{want}'; installed: " + ", ".join(v["name"] for v in installed))
-    if named[0]["score"] == 0:
-        raise CpuLevelError(f"CPU variant '{want}' needs instructions this CPU lacks; it runs: "
-                            + ", ".join(v["name"] for v in installed if v["score"] > 0))
-    return [want]
+    return [want] if want else [v["name"] for v in installed if v["score"] > 0]
 
 
 def _reason(want: str, chosen: str, installed: list[dict], passed_over: list[str]) -> str:

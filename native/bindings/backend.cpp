@@ -92,6 +92,8 @@ void register_backend(py::module_ & m) {
         return out;
     }, "ggml's installed CPU variants, best score first; score 0: this CPU cannot run it. Empty when the "
        "CPU backend is linked in.");
+    m.def("check_cpu_variant", [](const std::string & name) { cpu_variant_named(name); }, py::arg("name"),
+          "Raises ValueError when ggml's CPU variant `name` is not installed or this CPU cannot run it.");
     m.def("configure_cpu", [](const std::string & variant, const std::vector<std::string> & excluded_bufts,
                               const std::string & reason) { configure_cpu({variant, excluded_bufts, reason}); },
           py::arg("variant") = "", py::arg("excluded_bufts") = std::vector<std::string>{"AMX"},
