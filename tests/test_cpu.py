@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import assert_one_error_line, gamma_f32, run_cli
 
 from aural.engine import cpu
 from aural import _native  # noqa: I001
@@ -24,13 +23,8 @@ def level():
     return cpu.configure()
 
 
-def aural(*args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "aural.engine.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
-
-
 def doctor(env=None, *args):
-    proc = aural("doctor", "--json", *args, env=env)
+    proc = run_cli({**os.environ, **(env or {})}, "doctor", "--json", *args)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -65,15 +59,12 @@ def test_a_named_variant_runs_ggml_and_aurals_kernels_at_that_level():
 
 
 def test_unknown_and_unrunnable_variants_are_one_line_errors(jfk_wav):
-    proc = aural("transcribe", str(jfk_wav), "--cpu-variant", "pentium4")
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
-    assert "no CPU variant 'pentium4'; installed:" in proc.stderr
+    proc = run_cli(os.environ, "transcribe", jfk_wav, "--cpu-variant", "pentium4")
+    assert_one_error_line(proc, "no CPU variant 'pentium4'; installed:")
     beyond = [v["name"] for v in _native.cpu_variants() if v["score"] == 0]
     if beyond:
-        proc = aural("doctor", env={cpu.VARIANT_ENV: beyond[0]})
-        assert proc.returncode == 1
-        assert f"CPU variant '{beyond[0]}' needs instructions this CPU lacks; it runs:" in proc.stderr
+        proc = run_cli({**os.environ, cpu.VARIANT_ENV: beyond[0]}, "doctor")
+        assert_one_error_line(proc, f"CPU variant '{beyond[0]}' needs instructions this CPU lacks; it runs:")
 
 
 def test_a_buffer_type_that_faults_is_left_out_and_cached(tmp_path):
@@ -104,9 +95,9 @@ def test_a_variant_whose_plain_products_fault_is_passed_over(tmp_path):
                      cpu.VARIANT_ENV: ""})
     assert report["cpu_level"]["variant"] == names[1]
     assert f"passed over: {names[0]} (SIGILL in its f16 product)" in report["cpu_level"]["reason"]
-    proc = aural("doctor", env={"AURAL_CACHE_DIR": str(tmp_path / "named"), "AURAL_CPU_PROBE_FAULT": f"{names[0]}/CPU",
-                                cpu.VARIANT_ENV: names[0]})
-    assert proc.returncode == 1 and f"CPU variant '{names[0]}' fails its probe: SIGILL" in proc.stderr
+    proc = run_cli({**os.environ, "AURAL_CACHE_DIR": str(tmp_path / "named"), "AURAL_CPU_PROBE_FAULT": f"{names[0]}/CPU",
+                    cpu.VARIANT_ENV: names[0]}, "doctor")
+    assert_one_error_line(proc, f"CPU variant '{names[0]}' fails its probe: SIGILL")
 
 
 # ------------------------------------------------------------------------------- kernels against float64
@@ -145,7 +136,7 @@ def attention64(q, kt, v, n_head):
 @pytest.mark.parametrize("n", [1, 31, 601, 750])
 def test_encoder_attention_is_within_f32_rounding(level, n):
     """softmax(q k^T / sqrt d) v per head in f32: a score carries gamma_d sum|q k| of summation error
-    (gamma_n = n eps / (1 - n eps)), which moves an output by at most twice the largest score error times
+    (gamma_n, conftest.gamma_f32), which moves an output by at most twice the largest score error times
     sum p |v|; the exponential (1e-7 relative) and the sum over n positions add (gamma_n + 1e-6) sum p |v|.
     n = 601 ends in a 1-row query block, 750 is not a multiple of the 32-position panels."""
     if level.kernel_isa == "baseline":
@@ -157,18 +148,14 @@ def test_encoder_attention_is_within_f32_rounding(level, n):
     got = _native.kernel_attention(q, kt, v, n_head).astype(np.float64)
     q64, kt64, v64 = q.astype(np.float64), kt.astype(np.float64), v.astype(np.float64)
     exact = attention64(q64, kt64, v64, n_head)
-
-    def gamma(m):
-        return m * EPS32 / (1 - m * EPS32)
-
     for h in range(n_head):
         cols = slice(h * d, (h + 1) * d)
         s = q64[:, cols] @ kt64[cols, :] / math.sqrt(d)
         p = np.exp(s - s.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
-        score_err = gamma(d) * (np.abs(q64[:, cols]) @ np.abs(kt64[cols, :])).max(axis=1) / math.sqrt(d)
+        score_err = gamma_f32(d) * (np.abs(q64[:, cols]) @ np.abs(kt64[cols, :])).max(axis=1) / math.sqrt(d)
         weight = p @ np.abs(v64[:, cols])  # sum_j p_j |v_j|, (n, d)
-        bound = (2 * score_err[:, None] + gamma(n) + 1e-6) * weight
+        bound = (2 * score_err[:, None] + gamma_f32(n) + 1e-6) * weight
         err = np.abs(got[:, cols] - exact[:, cols])
         assert np.all(err <= bound), float(np.max(err / bound))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import gamma_f32
 
 from aural.engine import audio, features  # first: the engine package sets the OpenMP spin limit
 from aural import _native  # noqa: I001
@@ -191,11 +192,6 @@ def test_each_of_aurals_cpu_kernels_off_keeps_jfks_words(tiny_gguf, jfk_wav, mon
     monkeypatch.setenv(switch, "1")
     assert not getattr(_native.Model(str(tiny_gguf), device="cpu"), flag)
     assert jfk_wer(WhisperModel(tiny_gguf, device="cpu"), jfk_wav) <= 1 / 22
-
-
-def gamma_f32(n: int) -> float:
-    """The relative error bound of an n-term f32 sum: n u / (1 - n u), u = 2^-24."""
-    return n * 2.0**-24 / (1 - n * 2.0**-24)
 
 
 def output_bounds(tiny_gguf, plain_logits):

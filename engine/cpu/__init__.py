@@ -1,8 +1,8 @@
 """The CPU level Aural runs at: which of ggml's CPU variants, which extra buffer types may hold weights,
 and the instruction set Aural's own kernels are capped to (native/cpu.h).
 
-    level = aural.engine.cpu.configure()          # once, before the first model; idempotent
-    level = aural.engine.cpu.configure("haswell")  # or AURAL_CPU_VARIANT=haswell, or --cpu-variant
+    level = aural.engine.cpu.configure()  # once, before the first model; idempotent
+    # AURAL_CPU_VARIANT=haswell (the CLI's --cpu-variant sets it) names the level instead
 
 The default is the best-scoring variant that passes its probe. The probe runs each weight type's matrix
 product in each buffer type ggml-cpu offers (AMX, CPU_REPACK) in a child process: AMX tiles need OS and
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import AuralError
 
-__all__ = ["CpuLevel", "CpuLevelError", "configure", "current"]
+__all__ = ["CpuLevel", "CpuLevelError", "configure", "cpu_model", "current"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,18 +67,16 @@ def current() -> CpuLevel | None:
     return _current
 
 
-def configure(variant: str | None = None) -> CpuLevel:
-    """Choose, vet and load the CPU level; later calls return the same level (a different `variant`
-    after the first device use raises CpuLevelError). `variant` wins over $AURAL_CPU_VARIANT; it is
-    exported to child processes."""
+def configure() -> CpuLevel:
+    """Choose, vet and load the CPU level: $AURAL_CPU_VARIANT, else the best that passes its probe. Later
+    calls return the same level (another $AURAL_CPU_VARIANT after the first device use raises
+    CpuLevelError)."""
     with _lock:
-        return _configure(variant)
+        return _configure()
 
 
-def _configure(variant: str | None) -> CpuLevel:
+def _configure() -> CpuLevel:
     global _current
-    if variant:
-        os.environ[VARIANT_ENV] = variant
     want = os.environ.get(VARIANT_ENV, "")
     if _current is not None and (not want or want == _current.variant):
         return _current
@@ -101,7 +99,7 @@ def _configure(variant: str | None) -> CpuLevel:
     bufts = {name: verdict for name, verdict in verdicts.items() if name != "CPU"}
     excluded = tuple(sorted({name for name, verdict in bufts.items() if verdict != _OK} | (
         set() if bufts.get("AMX") == _OK else {"AMX"})))
-    reason = _reason(want, candidate, installed, passed_over)
+    reason = _reason(want, candidate, len(runnable), passed_over)
     try:
         _native.configure_cpu(variant="" if candidate == BUILT_IN else candidate, excluded_bufts=list(excluded),
                               reason=reason)
@@ -126,12 +124,11 @@ def _candidates(native, installed: list[dict], want: str) -> list[str]:
     return [want] if want else [v["name"] for v in installed if v["score"] > 0]
 
 
-def _reason(want: str, chosen: str, installed: list[dict], passed_over: list[str]) -> str:
+def _reason(want: str, chosen: str, runnable: int, passed_over: list[str]) -> str:
     if want:
         return f"{VARIANT_ENV}={want}"
     if chosen == BUILT_IN:
         return "this ggml build links its CPU backend in"
-    runnable = sum(1 for v in installed if v["score"] > 0)
     reason = f"the best of the {runnable} installed variants this CPU runs that passes its probe"
     return reason + (f"; passed over: {', '.join(passed_over)}" if passed_over else "")
 
@@ -226,18 +223,29 @@ def _read_cache(path: Path) -> dict[str, dict[str, str]]:
     return data if isinstance(data, dict) else {}
 
 
-def _machine_key(variant: str, installed: list[dict]) -> str:
-    """What the verdict depends on: the CPU (model, flags, microcode), the kernel (AMX permission is the
-    OS's), and the variant's library file."""
-    cpu = {}
+def cpu_model() -> str:
+    """The CPU's name as /proc/cpuinfo gives it ("AMD EPYC"), for reports."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             name, _, value = line.partition(":")
-            name = name.strip()
-            if name in ("model name", "flags", "microcode") and name not in cpu:
-                cpu[name] = value.strip()
+            fields.setdefault(name.strip(), value.strip())
     except OSError:
-        cpu["machine"] = platform.processor()
+        pass
+    return fields
+
+
+def _machine_key(variant: str, installed: list[dict]) -> str:
+    """What the verdict depends on: the CPU (model, flags, microcode), the kernel (AMX permission is the
+    OS's), and the variant's library file."""
+    info = _cpuinfo()
+    cpu = {name: info[name] for name in ("model name", "flags", "microcode") if name in info} or {
+        "machine": platform.processor()}
     library = next((v["path"] for v in installed if v["name"] == variant), "")
     try:
         stat = os.stat(library) if library else None
