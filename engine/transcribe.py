@@ -66,6 +66,12 @@ AUDIO_CTX_MIN_S = 15.0
 AUDIO_CTX_BUCKET_S = 1.0
 
 
+def window_context_frames(n_samples: int, audio_ctx: str) -> int:
+    """Mel frames to encode for a file's window of `n_samples` of audio (see TranscribeOptions.audio_ctx)."""
+    return context_frames(n_samples, audio_ctx, pad_s=AUDIO_CTX_PAD_S, bucket_s=AUDIO_CTX_BUCKET_S,
+                          min_s=AUDIO_CTX_MIN_S)
+
+
 @dataclass(frozen=True)
 class TranscribeOptions:
     """How to transcribe a whole input. Defaults are openai-whisper's.
@@ -456,15 +462,10 @@ class _Run:
         """Encodes the window at `seek` unless it is the one encoded last."""
         if self.encoded_seek != seek:
             samples = self.rolling.window(seek * HOP_LENGTH, N_SAMPLES)
-            frames = self.context_frames(samples.size)
+            frames = window_context_frames(samples.size, self.options.audio_ctx)
             self.ctx.encode(window_mel(samples, self.model.mel_filters, frames))
             self.timings.add_window(self.ctx.last_encode["encoder_ms"], frames)
             self.encoded_seek = seek
-
-    def context_frames(self, n_samples: int) -> int:
-        """Mel frames to encode for a window of `n_samples` of audio (see TranscribeOptions.audio_ctx)."""
-        return context_frames(n_samples, self.options.audio_ctx, pad_s=AUDIO_CTX_PAD_S, bucket_s=AUDIO_CTX_BUCKET_S,
-                              min_s=AUDIO_CTX_MIN_S)
 
     def decode(self, seek: int) -> DecodingResult:
         """Decodes the encoded window, falling back to higher temperatures while it fails."""

@@ -12,13 +12,10 @@ from conftest import english_dev_clips
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine.audio import load_audio
-from aural.engine.features import N_FRAMES, N_SAMPLES, SAMPLE_RATE, context_frames
+from aural.engine.features import N_FRAMES, N_SAMPLES, SAMPLE_RATE
 from aural.engine.decoding import DecodingResult
 from aural.engine import transcribe as transcribe_module
 from aural.engine.transcribe import (
-    AUDIO_CTX_BUCKET_S,
-    AUDIO_CTX_MIN_S,
-    AUDIO_CTX_PAD_S,
     Segment,
     TranscribeOptions,
     _is_silence,
@@ -27,6 +24,7 @@ from aural.engine.transcribe import (
     decoding_options,
     split_segments,
     transcribe,
+    window_context_frames,
     window_prompt,
 )
 
@@ -99,8 +97,7 @@ def assert_windows_follow_the_audio(frames: list[int], duration_s: float) -> Non
     """What holds whatever the decoder's rounding makes of the seeks: each window encodes its audio plus the
     padding (at least 15 s, at most 30 s), so the first window's context follows from the file's length and,
     as seeks only move forward, no window encodes more than the one before it."""
-    first = context_frames(min(N_SAMPLES, round(duration_s * SAMPLE_RATE)), "auto", pad_s=AUDIO_CTX_PAD_S,
-                           bucket_s=AUDIO_CTX_BUCKET_S, min_s=AUDIO_CTX_MIN_S)
+    first = window_context_frames(min(N_SAMPLES, round(duration_s * SAMPLE_RATE)), "auto")
     assert frames[0] == first, (frames, duration_s)
     assert all(1500 <= f <= N_FRAMES and f % 2 == 0 for f in frames), frames
     assert frames == sorted(frames, reverse=True), frames
