@@ -135,13 +135,15 @@ class WorkerError(RuntimeError):
     pass
 
 
-def run_worker(python: str, spec: dict[str, Any], *, timeout_s: float | None = None) -> dict[str, Any]:
-    """Run bench/worker.py under `python` with one JSON spec; return its JSON result.
+def run_worker(python: str, spec: dict[str, Any], *, timeout_s: float | None = None,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run bench/worker.py under `python` with one JSON spec (and `env` over this process's environment);
+    return its JSON result.
 
     Each call is a fresh process, so model load, warm-up and peak RSS belong to that measurement alone.
     """
     cmd = [python, str(WORKER), json.dumps(spec)]
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env.setdefault("OMP_NUM_THREADS", str(spec.get("threads", 2)))
     # The same OpenMP spin limit for every engine: Aural defaults to it (long spinning barriers
     # stall ggml when another process holds a core), so the peers get it too.

@@ -550,7 +550,7 @@ def _model_status() -> dict[str, Any]:
 
 def _format_kernels(kernels: dict[str, bool]) -> str:
     """Aural's own CPU kernels this CPU runs; the others fall back to ggml's (README: CPU-only speed-ups)."""
-    names = {"int8_matmul": "int8 matmul (AVX-512 VNNI)", "encoder_attention": "encoder attention"}
+    names = {"int8_matmul": "int8 matmul (AVX2 / VNNI)", "encoder_attention": "encoder attention"}
     used = [names.get(k, k) for k, on in kernels.items() if on]
     return ", ".join(used) if used else "none (ggml's kernels only)"
 

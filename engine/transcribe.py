@@ -353,9 +353,37 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, *, time_offset: 
 # -- the run ---------------------------------------------------------------------------------------
 
 
-def _needs_fallback(result: DecodingResult, options: TranscribeOptions) -> bool:
-    """Too repetitive or too improbable, unless it looks like silence (ref: openai-whisper
-    transcribe.py decode_with_fallback)."""
+# A segment this long with under one text token per second passed over the speech it spans. On issue #17's
+# 5 min series (tiny.en, greedy, the haswell level) one window opened with a 26.6 s segment of 11 tokens,
+# "It was the first great sorrow of his life.", and the 20 s of speech it covered were lost; read English
+# runs at 3-4 tokens per second (the dev clips: 3.5). openai-whisper has no such check.
+SKIP_MIN_S = 12.0
+SKIP_TOKENS_PER_S = 1.0
+
+
+def skips_speech(tokens: Sequence[int], timestamp_begin: int) -> bool:
+    """Whether a timestamp pair of the window's tokens spans at least SKIP_MIN_S with fewer than
+    SKIP_TOKENS_PER_S text tokens per second between them."""
+    opened, n_text = None, 0
+    for t in tokens:
+        if t < timestamp_begin:
+            n_text += 1
+            continue
+        if opened is not None and n_text:
+            span = (t - opened) * TIME_PRECISION
+            if span >= SKIP_MIN_S and n_text < SKIP_TOKENS_PER_S * span:
+                return True
+            opened, n_text = None, 0
+        else:
+            opened, n_text = t, 0
+    return False
+
+
+def _needs_fallback(result: DecodingResult, options: TranscribeOptions, timestamp_begin: int) -> bool:
+    """Too repetitive, too improbable (unless it looks like silence) or passing over speech (ref:
+    openai-whisper transcribe.py decode_with_fallback, which has the first two)."""
+    if skips_speech(result.tokens, timestamp_begin):
+        return True
     failed = (options.compression_ratio_threshold is not None
               and result.compression_ratio > options.compression_ratio_threshold)
     low_logprob = options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold
@@ -468,19 +496,32 @@ class _Run:
             self.encoded_seek = seek
 
     def decode(self, seek: int) -> DecodingResult:
-        """Decodes the encoded window, falling back to higher temperatures while it fails."""
+        """Decodes the encoded window, falling back to higher temperatures while it fails. A decode that
+        passes over speech (skips_speech) is first tried again at the same temperature without the previous
+        text: the prompt can make the model jump past speech that resembles text it was shown (on the 5 min
+        series, which repeats its clips, a window opened 20 s late after a prompt holding those words)."""
         o = self.options
+        ts_begin = self.tokenizer.timestamp_begin
         prompt = window_prompt(self.hotwords, self.prompt, self.prompt.maxlen)
         for temperature in o.temperatures:
-            # The seed is distinct per window and reproducible across runs.
-            decoding = decoding_options(o, temperature, language=self.tokenizer.language, prompt=prompt,
-                                        seed=o.seed + seek)
-            result = decode_window(self.ctx, self.tokenizer, decoding, self.model.n_text_ctx, stop=self.stop)
-            self.tokens.merge(result.timer)
-            if not _needs_fallback(result, o):
+            result = self._decode_at(seek, temperature, prompt)
+            if skips_speech(result.tokens, ts_begin) and len(prompt) > len(self.hotwords):
+                prompt = window_prompt(self.hotwords, [], self.prompt.maxlen)
+                logger.debug("window at %.2f s passed over speech; decoding it without the previous text",
+                             seek * HOP_LENGTH / SAMPLE_RATE)
+                result = self._decode_at(seek, temperature, prompt)
+            if not _needs_fallback(result, o, ts_begin):
                 break
             logger.debug("window at %.2f s failed at T=%s (cr %.2f, logprob %.2f)", seek * HOP_LENGTH / SAMPLE_RATE,
                          temperature, result.compression_ratio, result.avg_logprob)
+        return result
+
+    def _decode_at(self, seek: int, temperature: float, prompt: list[int]) -> DecodingResult:
+        # The seed is distinct per window and reproducible across runs.
+        decoding = decoding_options(self.options, temperature, language=self.tokenizer.language, prompt=prompt,
+                                    seed=self.options.seed + seek)
+        result = decode_window(self.ctx, self.tokenizer, decoding, self.model.n_text_ctx, stop=self.stop)
+        self.tokens.merge(result.timer)
         return result
 
     def window(self, seek: int, segment_size: int) -> tuple[list[Segment], int]:

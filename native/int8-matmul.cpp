@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #define AURAL_VNNI_KERNELS 1
 #define AURAL_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define AURAL_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
 namespace aural {
@@ -66,12 +67,36 @@ AURAL_VNNI void quantize_column(const float * x, int64_t n_cols, uint8_t * out) 
     std::memcpy(out + n_cols, &s, sizeof s);
 }
 
+bool vnni() { return kernel_isa() >= isa::avx512_vnni; }
+
+// AVX2 without VNNI: the same quantised activations and the same integer sums, so the same output bits.
+// VPMADDUBSW multiplies unsigned by signed bytes into saturating 16-bit pair sums; with u = q + 128 a pair
+// could reach 2 x 255 x 127 and saturate. So the kernel takes q back (u XOR 0x80), multiplies |q| (at most
+// 127) by the weight with q's sign (VPSIGNB): a pair sum is at most 2 x 127 x 127 = 32 258 < 2^15, exact,
+// then VPMADDWD adds pairs into int32. That gives sum q w directly, which is what VPDPBUSD's sum u w less
+// the 128 x row-sum offset gives, so no offset is taken out. Four instructions per 32 byte pairs against
+// one per 64: the AVX2 kernel does a quarter of the VNNI one's work per instruction.
+AURAL_AVX2 void quantize_column_avx2(const float * x, int64_t n_cols, uint8_t * out) {
+    float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+    for (int64_t k = 0; k < n_cols; ++k) {
+        amax = std::max(amax, std::fabs(x[k]));
+    }
+    const float s = amax / 127.0f;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t k = 0; k < n_cols; ++k) {
+        // nearbyint rounds half to even in the default mode, as _mm512_cvtps_epi32 does: the same bytes.
+        out[k] = static_cast<uint8_t>(static_cast<int32_t>(std::nearbyint(x[k] * inv)) + 128);
+    }
+    std::memcpy(out + n_cols, &s, sizeof s);
+}
+
 void quantize_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * x = dst->src[0];
     const int64_t n_cols = x->ne[0], m = x->ne[1];
+    const auto quantize = vnni() ? quantize_column : quantize_column_avx2;
     for (int64_t c = ith; c < m; c += nth) {
-        quantize_column(static_cast<const float *>(x->data) + c * n_cols, n_cols,
-                        static_cast<uint8_t *>(dst->data) + c * dst->nb[1]);
+        quantize(static_cast<const float *>(x->data) + c * n_cols, n_cols, static_cast<uint8_t *>(dst->data) + c * dst->nb[1]);
     }
 }
 
@@ -123,6 +148,56 @@ AURAL_VNNI void panel_cols(const int8_t * panel, int64_t n_cols, const uint8_t *
     }
 }
 
+template <int C>
+AURAL_AVX2 inline __attribute__((always_inline)) void panel_tile_avx2(const int8_t * panel, int64_t n_cols,
+                                                                      const uint8_t * xq, int64_t xq_stride,
+                                                                      float * out, int64_t out_stride, int live) {
+    __m256i lo[C], hi[C];  // rows 0-7 and 8-15 of the panel, one int32 lane per row
+    for (int c = 0; c < C; ++c) {
+        lo[c] = hi[c] = _mm256_setzero_si256();
+    }
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t g = 0; g < n_cols / 4; ++g) {
+        const __m256i w_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(panel + g * 64));
+        const __m256i w_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(panel + g * 64 + 32));
+        for (int c = 0; c < C; ++c) {
+            int32_t four;
+            std::memcpy(&four, xq + c * xq_stride + g * 4, sizeof four);
+            const __m256i q = _mm256_xor_si256(_mm256_set1_epi32(four), flip);
+            const __m256i abs_q = _mm256_abs_epi8(q);
+            lo[c] = _mm256_add_epi32(lo[c], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(w_lo, q)), ones));
+            hi[c] = _mm256_add_epi32(hi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(w_hi, q)), ones));
+        }
+    }
+    const auto * w_scale = reinterpret_cast<const float *>(panel + n_cols * int8_panel_rows);
+    const __m256 scale_lo = _mm256_loadu_ps(w_scale), scale_hi = _mm256_loadu_ps(w_scale + 8);
+    for (int c = 0; c < C; ++c) {
+        float x_scale;
+        std::memcpy(&x_scale, xq + c * xq_stride + n_cols, sizeof x_scale);
+        const __m256 xs = _mm256_set1_ps(x_scale);
+        alignas(32) float y[int8_panel_rows];
+        _mm256_store_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(lo[c]), _mm256_mul_ps(scale_lo, xs)));
+        _mm256_store_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi[c]), _mm256_mul_ps(scale_hi, xs)));
+        std::memcpy(out + c * out_stride, y, live * sizeof(float));
+    }
+}
+
+constexpr int block_cols_avx2 = 4;  // 8 accumulators, 2 weight halves and 3 temporaries of 16 ymm registers
+
+template <int C = block_cols_avx2>
+AURAL_AVX2 void panel_cols_avx2(const int8_t * panel, int64_t n_cols, const uint8_t * xq, int64_t xq_stride,
+                                int64_t m, float * out, int64_t out_stride, int live) {
+    if constexpr (C > 0) {
+        const int64_t done = m / C * C;
+        for (int64_t c = 0; c < done; c += C) {
+            panel_tile_avx2<C>(panel, n_cols, xq + c * xq_stride, xq_stride, out + c * out_stride, out_stride, live);
+        }
+        panel_cols_avx2<C - 1>(panel, n_cols, xq + done * xq_stride, xq_stride, m - done, out + done * out_stride,
+                               out_stride, live);
+    }
+}
+
 // Thread ith of nth computes a contiguous range of panels (16 output rows each) for every column.
 void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * w = dst->src[0];
@@ -131,23 +206,27 @@ void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t p0 = n_panels * ith / nth, p1 = n_panels * (ith + 1) / nth;
     for (int64_t p = p0; p < p1; ++p) {
         const int64_t live = std::min<int64_t>(int8_panel_rows, n_rows - p * int8_panel_rows);
-        const auto rows = static_cast<__mmask16>((1u << live) - 1);
-        panel_cols(static_cast<const int8_t *>(w->data) + p * w->nb[1], n_cols,
-                   static_cast<const uint8_t *>(xq->data), xq->nb[1], m,
-                   static_cast<float *>(dst->data) + p * int8_panel_rows, n_rows, rows);
+        const auto * panel = static_cast<const int8_t *>(w->data) + p * w->nb[1];
+        const auto * xq_data = static_cast<const uint8_t *>(xq->data);
+        float * out = static_cast<float *>(dst->data) + p * int8_panel_rows;
+        if (vnni()) {
+            panel_cols(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<__mmask16>((1u << live) - 1));
+        } else {
+            panel_cols_avx2(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<int>(live));
+        }
     }
 }
 
 }  // namespace
 
-bool int8_matmul_available() { return kernel_isa() >= isa::avx512_vnni; }
+bool int8_matmul_available() { return kernel_isa() >= isa::avx2; }
 
 ggml_tensor * int8_matmul(ggml_context * ctx, ggml_tensor * w, int64_t n_rows, ggml_tensor * x) {
     const int64_t n_cols = x->ne[0];
     if (!int8_matmul_available() || w->type != GGML_TYPE_I8 || x->type != GGML_TYPE_F32 || !ggml_is_contiguous(x) ||
         n_cols % 16 != 0 || w->ne[0] != int8_panel_bytes(n_cols) ||
         w->ne[1] != (n_rows + int8_panel_rows - 1) / int8_panel_rows || ggml_nrows(x) != x->ne[1]) {
-        throw std::invalid_argument("int8_matmul: needs AVX-512 VNNI, a packed I8 matrix and contiguous 2-D f32 "
+        throw std::invalid_argument("int8_matmul: needs AVX2, a packed I8 matrix and contiguous 2-D f32 "
                                     "activations with a multiple of 16 values per column");
     }
     ggml_tensor * args[] = {x};

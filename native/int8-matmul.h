@@ -1,13 +1,15 @@
-// Matrix products with int8 weights and int8 activations on CPUs with AVX-512 VNNI, as CTranslate2's int8
-// compute type does: each weight row has one scale (absmax / 127), each activation column one scale, set
-// when it is computed, and the products accumulate exactly in int32.
+// Matrix products with int8 weights and int8 activations on CPUs with AVX2 (VNNI where present), as
+// CTranslate2's int8 compute type does: each weight row has one scale (absmax / 127), each activation column
+// one scale, set when it is computed, and the products accumulate exactly in int32, so every CPU level that
+// runs them gives the same bits.
 //
 //   int8_pack(values, n_rows, n_cols, packed);  // at load: f32 rows -> an I8 tensor's data (layout below)
 //   y = int8_matmul(ctx, packed, n_rows, x);    // x [n_cols, m] f32 -> y [n_rows, m] f32
 //
 // Why: ggml-cpu's own int8 path (q8_0) reaches about half the speed of its f32 kernels here (one scale per
 // 32 values, 256-bit dot products), so f32 was the fastest weight type on the CPU. VPDPBUSD multiplies 64
-// byte pairs per instruction against 16 f32 FMAs: the encoder's projections run ~2x faster than f32.
+// byte pairs per instruction against 16 f32 FMAs: the encoder's projections run ~2x faster than f32. AVX2
+// (VPSIGNB, VPMADDUBSW, VPMADDWD: 32 byte pairs in three) still halves the bytes a decoder step reads.
 //
 // Layout of a packed matrix (one I8 ggml tensor [panel_bytes(n_cols), n_panels]): panels of 16 rows; in a
 // panel, for each group of 4 columns, 16 rows x 4 int8 (64 bytes: one VPDPBUSD operand); then the 16 rows'
@@ -21,7 +23,7 @@
 
 namespace aural {
 
-// Whether this CPU runs the kernels (AVX-512 F, BW and VNNI).
+// Whether this CPU level runs the kernels: AVX2 (VPMADDUBSW) or AVX-512 VNNI (VPDPBUSD), with the same results.
 bool int8_matmul_available();
 
 constexpr int64_t int8_panel_rows = 16;

@@ -400,13 +400,14 @@ void model::read_weights(gguf_context * meta) {
 //   file instead of the matrices (those are not allocated), with the error of CTranslate2's
 //   int8 compute type (one scale per weight row and per activation column). VPDPBUSD runs the encoder's
 //   products ~2.5x faster than f32 (fc1 3.7 against 11.4 ms for 1536 x 384 x 1500 on 2 cores), and a
-//   decoder step reads half the bytes of f16 (JFK greedy: 1.9 against 3.4 ms per step). The 18 dev clips
-//   lose nothing (bench/results/wer.md).
+//   decoder step reads half the bytes of f16 (JFK greedy: 1.9 against 3.4 ms per step). AVX2 without VNNI
+//   runs the same sums (same bits) at a quarter of the rate per instruction. Accuracy on the widened sets,
+//   int8 against AURAL_NO_INT8=1, per level: bench/results/accuracy.md.
 //
 // * The output screen. Each decoder step ends with the tied output projection, the largest read of the
 //   step: for tiny.en 51 864 x 384 f16 = 38 MiB of the ~62 MiB a one-token step reads
 //   (bench/results/speed-ablation.md), and on the CPU a step is bound by that traffic. An int8 copy halves
-//   it and takes 0.37 ms a step against q8_0's 1.0 ms (ggml's q8_0 copy where VNNI is missing). Scoring
+//   it and takes 0.37 ms a step against q8_0's 1.0 ms (ggml's q8_0 copy, now only below AVX2). Scoring
 //   every token with q8_0 cost words with beam 5 (dev 7.7 % against 6.3 %), so the copy only screens: the
 //   decoder scores the whole vocabulary with it, then rescores the best candidates with tok_emb itself
 //   (graph.cpp, output_logits). A GPU reads the f16 matrix at its own bandwidth, and the copy would take

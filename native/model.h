@@ -3,7 +3,7 @@
 // layout (ggml-cpu's CPU_REPACK: q4_0/iq4_nl interleaved for AVX2/AVX512 GEMM kernels); everything else
 // to the device's default buffer type. On the CPU, f16 matrices that multiply the encoder's 1500-column
 // activations are widened to f32 at load (see model.cpp, widen_encoder_projections); on CPUs with
-// AVX-512 VNNI every layer's projections are copied as int8 instead (make_cpu_copies). An int8 or q8_0 copy
+// AVX2 (VNNI or not) every layer's projections are copied as int8 instead (make_cpu_copies). An int8 or q8_0 copy
 // of the output projection screens the vocabulary for the decoder.
 //
 //   auto model = aural::model::load("tiny.en-f16.gguf", "auto", /*n_threads=*/0);
@@ -86,7 +86,7 @@ class model {
     size_t widened_bytes = 0;  // f32 bytes of the f16 matrices widened for the CPU (0: none)
     bool simd_gelu = false;    // CPU: GELU by Aural's vectorised op, not ggml's scalar one (activation.h)
     bool simd_attention = false;  // CPU: encoder self-attention by Aural's op, not flash attention (attention.h)
-    // CPU with AVX-512 VNNI, f16/f32 weights: the layers' projections multiply as int8 (int8-matmul.h).
+    // CPU with AVX2, f16/f32 weights: the layers' projections multiply as int8 (int8-matmul.h).
     bool int8 = false;
     size_t int8_bytes = 0;  // bytes of those int8 copies
     // CPU, f16 tok_emb: an int8 (int8 set) or q8_0 copy of tok_emb that screens the vocabulary each decoder

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -42,7 +44,7 @@ def test_the_level_in_use_is_one_this_cpu_runs_and_caps_the_kernels(level):
                 else "avx2" if features.get("AVX2") == "1" and features.get("FMA") == "1" else "baseline")
     assert level.kernel_isa == expected
     kernels = _native.cpu_kernels()
-    assert kernels["int8_matmul"] == (expected == "avx512_vnni")
+    assert kernels["int8_matmul"] == (expected != "baseline")  # AVX2 and up
     assert kernels["encoder_attention"] == (expected != "baseline")
     assert "AMX" in level.excluded or level.bufts.get("AMX") == "ok"
 
@@ -55,7 +57,7 @@ def test_a_named_variant_runs_ggml_and_aurals_kernels_at_that_level():
     assert report["cpu_level"]["reason"] == "AURAL_CPU_VARIANT=haswell"
     assert report["cpu_level"]["kernel_isa"] == "avx2"
     assert report["cpu_features"].get("AVX2") == "1" and "AVX512" not in report["cpu_features"]
-    assert report["cpu_kernels"] == {"encoder_attention": True, "int8_matmul": False}
+    assert report["cpu_kernels"] == {"encoder_attention": True, "int8_matmul": True}
 
 
 def test_unknown_and_unrunnable_variants_are_one_line_errors(jfk_wav):
@@ -165,8 +167,8 @@ def test_int8_products_are_within_their_quantisation_steps(level, rows, cols, m)
     """Weights round to int8 with one step sw = amax/127 per row, activations with one step sx per column;
     the int32 sums are exact, so y - y64 = sum_k (w_k ex_k + x_k ew_k + ew_k ex_k) with |ew| <= sw/2 and
     |ex| <= sx/2, plus two f32 roundings of the scaled result."""
-    if level.kernel_isa != "avx512_vnni":
-        pytest.skip("Aural's int8 products need AVX-512 VNNI")
+    if level.kernel_isa == "baseline":
+        pytest.skip("Aural's int8 products need AVX2")
     rng = np.random.default_rng(rows + m)
     w = rng.normal(0, 0.05, (rows, cols)).astype(np.float32)
     x = rng.normal(0, 1, (m, cols)).astype(np.float32)
@@ -181,3 +183,51 @@ def test_int8_products_are_within_their_quantisation_steps(level, rows, cols, m)
     err = np.abs(got - exact)
     assert np.all(err <= bound), float(np.max(err / bound))
     assert np.abs(got - exact).max() > 0  # the products are quantised: equal only by accident
+
+
+def test_int8_products_are_the_same_bits_with_avx2_and_with_vnni(level, tmp_path):
+    """The AVX2 kernel (VPSIGNB, VPMADDUBSW, VPMADDWD) forms the same int32 sums of the same int8 values as
+    VPDPBUSD less its unsigned offset, and scales them alike: a haswell child and this VNNI level agree bit
+    for bit, so choosing the level moves no int8 token."""
+    if level.kernel_isa != "avx512_vnni" or "haswell" not in runnable():
+        pytest.skip("needs a CPU with AVX-512 VNNI that also runs ggml's haswell variant")
+    rng = np.random.default_rng(7)
+    w = rng.normal(0, 0.05, (100, 384)).astype(np.float32)  # 100 rows: a partial last panel
+    x = rng.normal(0, 1, (37, 384)).astype(np.float32)  # 37 columns: every tile width of both kernels
+    np.save(tmp_path / "w.npy", w)
+    np.save(tmp_path / "x.npy", x)
+    child = ("import numpy as np, sys; from aural.engine import cpu; cpu.configure(); from aural import _native; "
+             "d = sys.argv[1]; np.save(d + '/y.npy', _native.kernel_int8_matmul(np.load(d + '/w.npy'), "
+             "np.load(d + '/x.npy')))")
+    proc = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True, text=True,
+                          env={**os.environ, cpu.VARIANT_ENV: "haswell"})
+    assert proc.returncode == 0, proc.stderr
+    assert np.array_equal(np.load(tmp_path / "y.npy"), _native.kernel_int8_matmul(w, x))
+
+
+def test_top_logprobs_pick_the_best_and_are_within_their_roundings(level):
+    """native/logits.cpp at this level against float64: the k best ids in order, ties to the lower id (as
+    np.argmax), and log-probabilities off by at most the normaliser's relative error: each e^x has exp_neg's
+    (1e-7 with its roundings), a block of 256 is summed in f32 (gamma_256) and the blocks in f64. Rows of
+    mostly -inf (the timestamp rule's) and of all -inf (no token left) included."""
+    rng = np.random.default_rng(11)
+    rows = rng.normal(0, 4, (4, 51_864)).astype(np.float32)
+    rows[1, :50_257] = -np.inf  # text suppressed: only timestamps left
+    rows[2, 100:110] = rows[2].max() + 1  # ten-way tie at the top
+    rows[3] = -np.inf
+    ids, logprobs, norms = _native.top_logprobs(rows, 6)
+    for r in range(3):
+        x = rows[r].astype(np.float64)
+        top = x.max()
+        norm = top + np.log(np.sum(np.exp(x - top)))
+        order = np.argsort(-rows[r], kind="stable")[:6]
+        assert ids[r].tolist() == order.tolist()
+        bound = 1e-7 + gamma_f32(256)
+        assert np.all(np.abs(logprobs[r] - (x[order] - norm)) <= bound)
+        assert abs(norms[r] - norm) <= bound
+    assert ids[2].tolist() == list(range(100, 106))
+    assert np.all(logprobs[3] == -np.inf) and norms[3] == -np.inf
+    one = _native.top_logprobs(rows[0], 1)
+    assert int(one[0][0]) == int(np.argmax(rows[0])) and one[1][0] == logprobs[0, 0]
+    with pytest.raises(ValueError, match="k must be"):
+        _native.top_logprobs(rows, 65)

@@ -217,7 +217,7 @@ def output_bounds(tiny_gguf, plain_logits):
 
 
 def test_int8_projections_and_screen(tiny_gguf, jfk_mel, jfk_wav, monkeypatch):
-    """On CPUs with AVX-512 VNNI every layer's projections multiply as int8 (native/int8-matmul.cpp: one
+    """On CPUs with AVX2 every layer's projections multiply as int8 (native/int8-matmul.cpp: one
     scale per weight row and per activation column, as CTranslate2's int8 compute type) and the output
     screen is an int8 copy of tok_emb; AURAL_NO_INT8=1 keeps f16 (the encoder's widened to f32) and a
     q8_0 screen. A copy holds
@@ -226,8 +226,8 @@ def test_int8_projections_and_screen(tiny_gguf, jfk_mel, jfk_wav, monkeypatch):
     best first-step logits by 0.68: they must stay within 1.0 and JFK's words must hold. The int8
     screen's rescored best tokens match scoring every token from tok_emb to the f16 rounding of the plain
     product's activations, its tail to its own int8 steps (output_bounds)."""
-    if _native.cpu_features().get("AVX512_VNNI") != "1":
-        pytest.skip("the int8 kernels need AVX-512 VNNI")
+    if not _native.cpu_kernels()["int8_matmul"]:
+        pytest.skip("the int8 kernels need AVX2")
     from aural.engine.runtime import WhisperModel
 
     int8 = _native.Model(str(tiny_gguf), device="cpu")
@@ -273,7 +273,7 @@ def test_output_screen_rescores_the_best_tokens(tiny_gguf, jfk_mel, monkeypatch)
     from tok_emb with the activations rounded to f16 (ggml's vec_dot type for f16 weights). The best tokens
     then differ by that rounding (2^-11 of each term) and two f32 sums (gamma_n each), the others by the
     q8_0 screen's own steps: both bounded per token by output_bounds. (The q8_0 screen, as on CPUs without
-    AVX-512 VNNI: AURAL_NO_INT8=1; test_int8_* covers the int8 one.)"""
+    AVX2: AURAL_NO_INT8=1; test_int8_* covers the int8 one.)"""
     monkeypatch.setenv("AURAL_NO_INT8", "1")
     screened = _native.Model(str(tiny_gguf), device="cpu")
     monkeypatch.setenv("AURAL_NO_SCREEN", "1")
@@ -375,7 +375,7 @@ def test_sequences_share_the_prompt_and_reorder_moves_no_kv(tiny_gguf, jfk_mel, 
     """Beams as sequences of one arena: each lane's logits equal a lone decode of the same tokens (greedy's
     row), before and after a reorder, and a reorder moves no bytes (device mode). Every kernel computes a
     row from that row's values alone (int8 activations per column, attention per query), so with the int8
-    products (AVX-512 VNNI) lane and lone row agree bit for bit. With f16 weights ggml's batched products
+    products (AVX2 or VNNI) lane and lone row agree bit for bit. With f16 weights ggml's batched products
     (tinyBLAS tiles chosen by batch size) round at other points for a 3-row batch than for a 4-row prompt,
     and the K/V rows they write differ by f16 ulps: measured at haswell, 0.022 after the reorder (1e-3 of the
     largest logit). The bound is 5e-3 of the largest logit and the same best token. The weights stay

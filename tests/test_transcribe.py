@@ -20,6 +20,7 @@ from aural.engine.transcribe import (
     TranscribeOptions,
     _is_silence,
     _needs_fallback,
+    skips_speech,
     _RollingAudio,
     decoding_options,
     split_segments,
@@ -248,11 +249,23 @@ def test_fallback_and_silence_rules():
     def result(**kw):
         return DecodingResult(**{"avg_logprob": -0.3, "compression_ratio": 1.5, "no_speech_prob": 0.1, **kw})
 
-    assert not _needs_fallback(result(), options)
-    assert _needs_fallback(result(compression_ratio=2.5), options)  # too repetitive
-    assert _needs_fallback(result(avg_logprob=-1.2), options)  # too improbable
-    assert not _needs_fallback(result(avg_logprob=-1.2, no_speech_prob=0.7), options)  # silence: no retry
-    assert _needs_fallback(result(compression_ratio=2.5, no_speech_prob=0.7), options)
+    ts = 50_000  # any timestamp_begin: the rules read tokens relative to it
+
+    def fallback(**kw):
+        return _needs_fallback(result(**kw), options, ts)
+
+    assert not fallback()
+    assert fallback(compression_ratio=2.5)  # too repetitive
+    assert fallback(avg_logprob=-1.2)  # too improbable
+    assert not fallback(avg_logprob=-1.2, no_speech_prob=0.7)  # silence: no retry
+    assert fallback(compression_ratio=2.5, no_speech_prob=0.7)
+    # Passing over speech: 11 text tokens between 0.00 and 26.64 s (the 5 min series' lost window), against
+    # the same tokens over 10 s (3.5 a second is read speech's rate) and 12 s after a 2 s segment.
+    skipped = [ts, *range(11), ts + 1332, ts + 1332]
+    assert fallback(tokens=skipped) and skips_speech(skipped, ts)
+    assert not fallback(tokens=[ts, *range(11), ts + 500])
+    assert not skips_speech([ts, 1, 2, ts + 100, ts + 100, *range(12), ts + 700], ts)
+    assert skips_speech([ts, 1, 2, ts + 100, ts + 100, *range(11), ts + 700], ts)
     assert _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.7), options)
     assert not _is_silence(result(avg_logprob=-0.5, no_speech_prob=0.7), options)  # confident text wins
     assert not _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.5), options)

@@ -79,7 +79,7 @@ void register_backend(py::module_ & m) {
         return std::map<std::string, bool>{{"int8_matmul", int8_matmul_available()},
                                            {"encoder_attention", encoder_attention_available()}};
     }, "Which of Aural's own CPU kernels run at this CPU level (cpu_level()['kernel_isa']): int8 matrix "
-       "products (AVX-512 VNNI) and the encoder's self-attention (AVX2 or AVX-512).");
+       "products (AVX2 or AVX-512 VNNI) and the encoder's self-attention (AVX2 or AVX-512).");
     m.def("cpu_variants", [] {
         py::list out;
         for (const auto & v : cpu_variants()) {

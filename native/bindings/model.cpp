@@ -63,7 +63,7 @@ void register_model(py::module_ & m) {
                                "Whether the encoder's self-attention runs as Aural's CPU op instead of ggml's "
                                "flash attention (x86-64 with AVX2 or AVX-512).")
         .def_property_readonly("int8", [](const model & self) { return self.int8; },
-                               "Whether the layers' projections multiply as int8 with AVX-512 VNNI (and the "
+                               "Whether the layers' projections multiply as int8 with AVX2 or VNNI (and the "
                                "output screen is an int8 copy), as CTranslate2's int8 compute type.")
         .def_property_readonly("int8_bytes", [](const model & self) { return self.int8_bytes; },
                                "Bytes of the int8 copies of the layers' projections (0: none).")

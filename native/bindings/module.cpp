@@ -30,6 +30,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("get_log_level", &aural::get_log_level, "Current native log threshold (Python logging level).");
     aural::bindings::register_backend(m);
     aural::bindings::register_kernels(m);
+    aural::bindings::register_logits(m);
     aural::bindings::register_model(m);
     aural::bindings::register_context(m);
 }
