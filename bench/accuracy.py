@@ -49,6 +49,7 @@ CT2_ISA = {"native": None, "icelake": "AVX512", "skylakex": "AVX512", "haswell":
 CONFIGS: dict[str, tuple[str, str, dict[str, Any], dict[str, str]]] = {
     "aural": ("Aural", "aural", {}, {}),
     "aural-no-int8": ("Aural, AURAL_NO_INT8=1", "aural", {}, {"AURAL_NO_INT8": "1"}),
+    "aural-f16-decoder": ("Aural, AURAL_NO_INT8_DECODER=1", "aural", {}, {"AURAL_NO_INT8_DECODER": "1"}),
     "aural-full": ("Aural, 30 s windows", "aural", {"audio_ctx": "full"}, {}),
     "fw-int8": ("faster-whisper int8", "faster-whisper", {"compute_type": "int8"}, {}),
 }
@@ -145,7 +146,9 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines = [
         "# WER on the widened English sets, per CPU level", "",
         f"{meta['date']} · CPU: {meta['machine'].get('cpu', '?')}, {meta['threads']} threads · commit "
-        f"{meta.get('commit', '?')} · command: `{meta['command']}`", "",
+        f"{meta.get('commit', '?')} · command: `{meta['command']}`"
+        + (f", then `{meta['appended']['command']}` (commit {meta['appended']['commit']})" if "appended" in meta else ""),
+        "",
         "Sets (bench/accuracy.py): dev = the 18 English dev clips; long = the sonnet and the 1 min and 5 min "
         "series; phone = dev + long through 300-3400 Hz, 8 kHz mu-law and back; noisy = dev + long with pink "
         f"noise at {SNR_DB:g} dB SNR. Cells: corpus WER % (word errors), openai-whisper's English normaliser. "
@@ -168,10 +171,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default="native,haswell", help="comma-separated: native or ggml CPU variants")
     parser.add_argument("--modes", default="1,5", help="beam sizes (1 = greedy)")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated ids of CONFIGS")
+    parser.add_argument("--configs", default="aural,aural-no-int8,aural-full,fw-int8",
+                        help=f"comma-separated ids of CONFIGS ({', '.join(CONFIGS)})")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--name", default="accuracy", help="results file stem")
     parser.add_argument("--render", action="store_true", help="only rewrite the Markdown from the JSON")
+    parser.add_argument("--append", action="store_true", help="add these rows to the existing JSON's")
     args = parser.parse_args(argv)
     json_path, md_path = RESULTS / f"{args.name}.json", RESULTS / f"{args.name}.md"
     if args.render:
@@ -184,7 +189,9 @@ def main(argv: list[str]) -> int:
     meta = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": common.machine_info(),
             "threads": args.threads, "commit": commit,
             "command": "bench/accuracy.py " + " ".join(argv), "sets": {k: [f["key"] for f in v] for k, v in sets.items()}}
-    rows = []
+    rows = json.loads(json_path.read_text())["rows"] if args.append else []
+    if args.append:
+        meta = {**json.loads(json_path.read_text())["meta"], "appended": meta}
     for level in args.levels.split(","):
         for beam in (int(b) for b in args.modes.split(",")):
             for config in (c for c in args.configs.split(",") if c):

