@@ -37,6 +37,7 @@ class CaptionWindow(QWidget):
         self.resize(960, 300)
         self._committed = ""
         self._partial = ""
+        self._partial_spaced = True
         self._label = QLabel(self)
         self._label.setObjectName("captionText")
         self._label.setWordWrap(True)
@@ -49,15 +50,17 @@ class CaptionWindow(QWidget):
     def text(self) -> str:
         return self._label.text()
 
-    @Slot(str)
-    def append_commit(self, text: str) -> None:
-        self._committed = _tail(f"{self._committed} {text.strip()}".strip(), _TAIL_CHARS)
+    def append_commit(self, text: str, spaced: bool = True) -> None:
+        """`spaced`: a space separates it from the text before (not between Chinese characters)."""
+        separator = " " if spaced and self._committed else ""
+        self._committed = _tail(f"{self._committed}{separator}{text.strip()}".strip(), _TAIL_CHARS)
         self._partial = ""
+        self._partial_spaced = True
         self._render()
 
-    @Slot(str)
-    def set_partial(self, text: str) -> None:
+    def set_partial(self, text: str, spaced: bool = True) -> None:
         self._partial = text.strip()
+        self._partial_spaced = spaced
         self._render()
 
     @Slot()
@@ -72,5 +75,7 @@ class CaptionWindow(QWidget):
         super().resizeEvent(event)
 
     def _render(self) -> None:
-        partial = f' <span style="color:#9aa4b2">{html.escape(self._partial)}</span>' if self._partial else ""
+        separator = " " if self._partial_spaced and self._committed else ""
+        partial = (f'{separator}<span style="color:#9aa4b2">{html.escape(self._partial)}</span>'
+                   if self._partial else "")
         self._label.setText(f"{html.escape(self._committed)}{partial}")
