@@ -6,6 +6,7 @@ All of them live in the GUI thread and are built by the composition root (`aural
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -151,8 +152,10 @@ class FileQueue(QObject):
         """Every job added, in order."""
         return list(self._jobs.values())
 
-    def add(self, paths: Iterable[str | Path], language: str | None, kv_mode: str) -> list[FileJob]:
-        jobs = [FileJob(next(self._ids), Path(p), language, kv_mode) for p in paths]
+    def add(self, paths: Iterable[str | Path], language: str | None, kv_mode: str,
+            options: TranscribeOptions | None = None) -> list[FileJob]:
+        """Queues files; `options` (the Preferences) is how each is decoded, its language the picker's."""
+        jobs = [FileJob(next(self._ids), Path(p), language, kv_mode, options or TranscribeOptions()) for p in paths]
         for job in jobs:
             self._jobs[job.id] = job
             self.added.emit(job)
@@ -188,8 +191,8 @@ class FileQueue(QObject):
         if self._thread is None:
             self._start_worker()
         stop = StopEvent()  # Cancel interrupts the encoder mid-window, not after it
-        request = FileRequest(model, job.path, TranscribeOptions(language=_for_model(model, job.language)),
-                              job.kv_mode, stop)
+        options = dataclasses.replace(job.options, language=_for_model(model, job.language))
+        request = FileRequest(model, job.path, options, job.kv_mode, stop)
         job.started = time.monotonic()
         self._set_status(job, JobStatus.RUNNING)
         self._running = (job, stop)

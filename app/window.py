@@ -27,6 +27,7 @@ from .widgets.controls import ControlBar
 from .widgets.file_queue import FileQueueView
 from .widgets.file_result import EXPORT_FORMATS, FileResultView
 from .widgets.metrics import MetricsPanel
+from .widgets.preferences import PreferencesDialog, transcribe_options
 from .widgets.presentation import CaptionWindow
 from .widgets.restore_bar import RestoreBar
 
@@ -76,6 +77,7 @@ class MainWindow(QMainWindow):
         self.queue = FileQueueView()
         self.result = FileResultView()
         self.caption_window = CaptionWindow(self)
+        self._apply_caption_settings()
         self.restore_bar = RestoreBar()
         live = QSplitter(Qt.Orientation.Horizontal)
         live.addWidget(self._captions_pane())
@@ -147,6 +149,8 @@ class MainWindow(QMainWindow):
         self._clear_action = self._action(edit, "C&lear captions", self.clear_captions, "Ctrl+L")
         self._undo_clear_action = self._action(edit, "&Undo clear", self.undo_clear, QKeySequence.StandardKey.Undo)
         self._undo_clear_action.setEnabled(False)
+        edit.addSeparator()
+        self._action(edit, "&Preferences…", self.show_preferences, QKeySequence.StandardKey.Preferences)
         live = self.menuBar().addMenu("&Live")
         self._action(live, "&Start / Stop", self.toggle_live, "Ctrl+R")
         view = self.menuBar().addMenu("&View")
@@ -279,6 +283,18 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage("Captions restored.", 5000)
 
     @Slot()
+    def show_preferences(self) -> PreferencesDialog:
+        """Opens the Preferences (modeless, so the captions go on); OK applies them: files added from then
+        on are decoded with the new options, the caption window takes its look at once."""
+        dialog = PreferencesDialog(self._settings, self)
+        dialog.accepted.connect(self._apply_caption_settings)
+        dialog.open()
+        return dialog
+
+    def _apply_caption_settings(self) -> None:
+        self.caption_window.set_look(self._settings.get(Key.CAPTION_FONT_PX), self._settings.get(Key.CAPTION_ON_TOP))
+
+    @Slot()
     def show_caption_window(self) -> None:
         self.caption_window.show()
         self.caption_window.raise_()
@@ -358,7 +374,8 @@ class MainWindow(QMainWindow):
     def add_files(self, paths: list[str]) -> None:
         if not paths:
             return
-        jobs = self.files.add(paths, self._language(), self._settings.get(Key.KV_MODE))
+        jobs = self.files.add(paths, self._language(), self._settings.get(Key.KV_MODE),
+                              transcribe_options(self._settings))
         self.tabs.setCurrentIndex(self.files_tab)
         if self.models.model is None:
             self.statusBar().showMessage("Files wait for the model to load…")

@@ -38,6 +38,7 @@ class CaptionWindow(QWidget):
         self._committed = ""
         self._partial = ""
         self._partial_spaced = True
+        self._font_px = 0
         self._label = QLabel(self)
         self._label.setObjectName("captionText")
         self._label.setWordWrap(True)
@@ -68,11 +69,24 @@ class CaptionWindow(QWidget):
         self._committed = self._partial = ""
         self._render()
 
+    def set_look(self, font_px: int, on_top: bool) -> None:
+        """A fixed font size in pixels (0: a share of the window's height) and whether the window stays
+        above the others (for captions over a video call or a slide show)."""
+        self._font_px = font_px
+        self._fit_font(self.height())
+        shown = self.isVisible()
+        self.setWindowFlag(Qt.WindowType.WindowStaysOnTopHint, on_top)
+        if shown:
+            self.show()  # changing a window flag hides the window
+
     def resizeEvent(self, event: QResizeEvent) -> None:
-        font = self._label.font()
-        font.setPixelSize(max(_MIN_FONT_PX, int(event.size().height() * _FONT_SHARE)))
-        self._label.setFont(font)
+        self._fit_font(event.size().height())
         super().resizeEvent(event)
+
+    def _fit_font(self, height: int) -> None:
+        font = self._label.font()
+        font.setPixelSize(self._font_px or max(_MIN_FONT_PX, int(height * _FONT_SHARE)))
+        self._label.setFont(font)
 
     def _render(self) -> None:
         separator = " " if self._partial_spaced and self._committed else ""
