@@ -554,6 +554,29 @@ def test_clear_captions_can_be_undone_and_keeps_the_journal(make_window, qtbot, 
     assert read_session(journal).text == said
 
 
+def test_preferences_decide_how_files_are_decoded_and_how_the_caption_window_looks(window, qtbot, jfk_wav):
+    dialog = window.show_preferences()
+    assert dialog.beam_size.value() == 5 and not dialog.word_timestamps.isChecked()  # the CLI's defaults
+    dialog.beam_size.setValue(1)
+    dialog.word_timestamps.setChecked(True)
+    dialog.hotwords.setText("Americans")
+    dialog.font_px.setValue(40)
+    dialog.on_top.setChecked(True)
+    dialog.accept()
+    assert window._settings.get(Key.WORD_TIMESTAMPS) is True and window._settings.get(Key.BEAM_SIZE) == 1
+    assert window.caption_window._label.font().pixelSize() == 40
+    assert window.caption_window.windowFlags() & Qt.WindowType.WindowStaysOnTopHint
+    window.add_files([str(jfk_wav)])
+    job = window.files.jobs[-1]
+    assert job.options.beam_size is None and job.options.word_timestamps and job.options.hotwords == "Americans"
+    wait_status(qtbot, window, job, JobStatus.DONE)
+    assert job.segments and all(s.words for s in job.segments)
+    cancelled = window.show_preferences()
+    cancelled.beam_size.setValue(7)
+    cancelled.reject()  # Cancel keeps what was stored
+    assert window._settings.get(Key.BEAM_SIZE) == 1
+
+
 # -- views and settings ------------------------------------------------------------------------------
 
 
