@@ -8,7 +8,7 @@ from enum import Enum
 from pathlib import Path
 
 from aural.engine.metrics import Timings
-from aural.engine.transcribe import Segment, TranscriptionInfo
+from aural.engine.transcribe import Segment, TranscribeOptions, TranscriptionInfo
 
 __all__ = ["FileJob", "JobStatus"]
 
@@ -30,6 +30,7 @@ class FileJob:
     path: Path
     language: str | None  # None: detect (multilingual models)
     kv_mode: str
+    options: TranscribeOptions = field(default_factory=TranscribeOptions)  # the Preferences when it was added
     status: JobStatus = JobStatus.QUEUED
     info: TranscriptionInfo | None = None
     segments: list[Segment] = field(default_factory=list)

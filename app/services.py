@@ -6,6 +6,7 @@ All of them live in the GUI thread and are built by the composition root (`aural
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -151,8 +152,10 @@ class FileQueue(QObject):
         """Every job added, in order."""
         return list(self._jobs.values())
 
-    def add(self, paths: Iterable[str | Path], language: str | None, kv_mode: str) -> list[FileJob]:
-        jobs = [FileJob(next(self._ids), Path(p), language, kv_mode) for p in paths]
+    def add(self, paths: Iterable[str | Path], language: str | None, kv_mode: str,
+            options: TranscribeOptions | None = None) -> list[FileJob]:
+        """Queues files; `options` (the Preferences) is how each is decoded, its language the picker's."""
+        jobs = [FileJob(next(self._ids), Path(p), language, kv_mode, options or TranscribeOptions()) for p in paths]
         for job in jobs:
             self._jobs[job.id] = job
             self.added.emit(job)
@@ -188,8 +191,8 @@ class FileQueue(QObject):
         if self._thread is None:
             self._start_worker()
         stop = StopEvent()  # Cancel interrupts the encoder mid-window, not after it
-        request = FileRequest(model, job.path, TranscribeOptions(language=_for_model(model, job.language)),
-                              job.kv_mode, stop)
+        options = dataclasses.replace(job.options, language=_for_model(model, job.language))
+        request = FileRequest(model, job.path, options, job.kv_mode, stop)
         job.started = time.monotonic()
         self._set_status(job, JobStatus.RUNNING)
         self._running = (job, stop)
@@ -264,8 +267,9 @@ class LiveSession(QObject):
     """Live captioning from the input device with the shared model; one run at a time.
 
     Keeps every committed caption in `transcript`, across runs (later runs continue the timeline), until
-    `clear_transcript`. The transcript is journaled as it grows (`engine.journal`): one session file from
-    the first commit until Clear or a clean quit, so after a crash the next launch can restore it.
+    `clear_transcript`, which `undo_clear` takes back. The transcript is journaled as it grows
+    (`engine.journal`): one session file from the first commit until a clean quit, so after a crash the
+    next launch can restore it; Clear keeps the file, so a crash after a Clear loses nothing either.
     """
 
     running_changed = Signal(bool)
@@ -283,6 +287,7 @@ class LiveSession(QObject):
         self._running: LiveWorker | None = None
         self._pending: tuple[str, str | None, str] | None = None
         self.transcript: list[CaptionSegment] = []
+        self._cleared: list[CaptionSegment] = []  # what the last Clear removed, for undo_clear
         self._offset_s = 0.0  # transcript time of this run's input time 0
         self._run_audio_s = 0.0
         self._journal = SessionJournal(source="app")  # in engine.journal.sessions_dir()
@@ -310,10 +315,21 @@ class LiveSession(QObject):
             self.running_changed.emit(False)
 
     def clear_transcript(self) -> None:
-        """Empties the transcript; its journal is closed, as the user chose to let it go."""
-        self.transcript.clear()
-        self._offset_s = 0.0
-        self._journal.close()
+        """Empties the transcript, keeping what it held for `undo_clear`. The journal stays open and the
+        timeline goes on, so Undo puts every caption back at its time."""
+        self._cleared, self.transcript = self.transcript, []
+
+    @property
+    def can_undo_clear(self) -> bool:
+        return bool(self._cleared)
+
+    def undo_clear(self) -> list[CaptionSegment]:
+        """Puts the captions the last Clear removed back before those committed since; returns the
+        whole transcript."""
+        restored = self._cleared + self.transcript
+        self._cleared = []
+        self.transcript = [CaptionSegment(i, s.start, s.end, s.text) for i, s in enumerate(restored)]
+        return self.transcript
 
     def unclosed_sessions(self) -> list[Session]:
         """Journaled sessions that a crash (of this app or `aural live`) left unclosed, oldest first."""

@@ -21,6 +21,16 @@ class Key(Enum):
     KV_MODE = ("model/kv_mode", str, "device")
     GEOMETRY = ("window/geometry", QByteArray, QByteArray())
     EXPORT_DIR = ("files/export_dir", str, "")  # "": the user's documents folder
+    # Decoding of files (Preferences; the CLI's flags of the same names).
+    BEAM_SIZE = ("decoding/beam_size", int, 5)  # 1: greedy
+    WORD_TIMESTAMPS = ("decoding/word_timestamps", bool, False)
+    VAD_FILTER = ("decoding/vad_filter", bool, False)
+    HOTWORDS = ("decoding/hotwords", str, "")
+    INITIAL_PROMPT = ("decoding/initial_prompt", str, "")
+    TRANSLATE = ("decoding/translate", bool, False)  # task "translate": English text (multilingual models)
+    # The caption window (View → Caption window).
+    CAPTION_FONT_PX = ("captions/font_px", int, 0)  # 0: follows the window's height
+    CAPTION_ON_TOP = ("captions/always_on_top", bool, False)
 
     def __init__(self, path: str, kind: type, default: Any):
         self.path = path
@@ -39,6 +49,8 @@ class Settings:
         # QSettings hands back strings from INI files and QByteArray or str from native stores.
         if key.kind is QByteArray:
             return value if isinstance(value, QByteArray) else QByteArray(value or b"")
+        if key.kind is bool and isinstance(value, str):  # INI files store booleans as "true" / "false"
+            return value.lower() in ("true", "1")
         return key.kind(value)
 
     def set(self, key: Key, value: Any) -> None:

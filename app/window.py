@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, Q
                                QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
 from aural.engine.errors import AuralError
+from aural.engine.tokenizer import LANGUAGES
 
 from .export import save_transcript
 from .jobs import FileJob
@@ -26,6 +27,7 @@ from .widgets.controls import ControlBar
 from .widgets.file_queue import FileQueueView
 from .widgets.file_result import EXPORT_FORMATS, FileResultView
 from .widgets.metrics import MetricsPanel
+from .widgets.preferences import PreferencesDialog, transcribe_options
 from .widgets.presentation import CaptionWindow
 from .widgets.restore_bar import RestoreBar
 
@@ -75,6 +77,7 @@ class MainWindow(QMainWindow):
         self.queue = FileQueueView()
         self.result = FileResultView()
         self.caption_window = CaptionWindow(self)
+        self._apply_caption_settings()
         self.restore_bar = RestoreBar()
         live = QSplitter(Qt.Orientation.Horizontal)
         live.addWidget(self._captions_pane())
@@ -87,6 +90,7 @@ class MainWindow(QMainWindow):
         files.setStretchFactor(1, 3)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
+        self.live_pane = live
         self.live_tab = self.tabs.addTab(live, "Live captions")
         self.files_tab = self.tabs.addTab(files, "Files")
         central = QWidget()
@@ -99,6 +103,9 @@ class MainWindow(QMainWindow):
         self.model_status = QLabel()
         self.model_status.setObjectName("modelStatus")
         self.statusBar().addPermanentWidget(self.model_status)
+        self.live_language = QLabel("")
+        self.live_language.setObjectName("liveLanguage")
+        self.statusBar().addPermanentWidget(self.live_language)
 
     def _captions_pane(self) -> QWidget:
         """The captions with their actions underneath (the same actions as in the menus)."""
@@ -140,12 +147,18 @@ class MainWindow(QMainWindow):
         edit = self.menuBar().addMenu("&Edit")
         self._copy_action = self._action(edit, "&Copy captions", self.copy_captions, "Ctrl+Shift+C")
         self._clear_action = self._action(edit, "C&lear captions", self.clear_captions, "Ctrl+L")
+        self._undo_clear_action = self._action(edit, "&Undo clear", self.undo_clear, QKeySequence.StandardKey.Undo)
+        self._undo_clear_action.setEnabled(False)
+        edit.addSeparator()
+        self._action(edit, "&Preferences…", self.show_preferences, QKeySequence.StandardKey.Preferences)
         live = self.menuBar().addMenu("&Live")
         self._action(live, "&Start / Stop", self.toggle_live, "Ctrl+R")
         view = self.menuBar().addMenu("&View")
         self._present_action = self._action(view, "&Caption window", self.show_caption_window, "Ctrl+Shift+P")
-        # Space toggles too, unless a widget that types or presses with it has the focus.
-        QShortcut(QKeySequence(Qt.Key.Key_Space), self, self.toggle_live)
+        # Space toggles too, but only on the Live tab (the file list and the transcript table use Space
+        # for their own items), and not where a widget that types or presses with it has the focus.
+        QShortcut(QKeySequence(Qt.Key.Key_Space), self.live_pane, self.toggle_live,
+                  context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
 
     def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
         action = menu.addAction(text)
@@ -227,23 +240,59 @@ class MainWindow(QMainWindow):
             self._started_at = None
             logger.info("first partial %.2f s after Start", latency)
             self.statusBar().showMessage(f"Listening… first caption {latency:.2f} s after Start")
-        self.captions.set_partial(partial.text)
-        self.caption_window.set_partial(partial.text)
+        self.captions.set_partial(partial.text, partial.spaced)
+        self.caption_window.set_partial(partial.text, partial.spaced)
+        self._show_live_language(partial.language)
 
     def _on_commit(self, commit) -> None:
-        self.captions.append_commit(commit.text)
-        self.caption_window.append_commit(commit.text)
+        self.captions.append_commit(commit.text, commit.spaced)
+        self.caption_window.append_commit(commit.text, commit.spaced)
+        self._show_live_language(commit.language)
+
+    def _show_live_language(self, code: str | None) -> None:
+        """The language of what is being captioned: detected per utterance when the picker says
+        "Detect automatically", else the one chosen."""
+        self.live_language.setText(f"Language: {LANGUAGES.get(code, code).title()}" if code else "")
 
     @Slot()
     def copy_captions(self) -> None:
-        QApplication.clipboard().setText(self.captions.toPlainText())
+        QApplication.clipboard().setText(self.captions.committed_text())  # not the tail the next step may change
         self.statusBar().showMessage("Captions copied.", 3000)
 
     @Slot()
     def clear_captions(self) -> None:
+        """Empties the caption views; Edit → Undo clear (Ctrl+Z) puts the text back."""
+        if not self.live.transcript and not self.captions.committed_text():
+            return
         self.live.clear_transcript()
         self.captions.clear_captions()
         self.caption_window.clear_captions()
+        self._undo_clear_action.setEnabled(True)
+        self.statusBar().showMessage("Captions cleared. Undo with Ctrl+Z.", 8000)
+
+    @Slot()
+    def undo_clear(self) -> None:
+        if not self.live.can_undo_clear:
+            return
+        text = " ".join(segment.text for segment in self.live.undo_clear())
+        self.captions.clear_captions()
+        self.caption_window.clear_captions()
+        self.captions.append_commit(text)
+        self.caption_window.append_commit(text)
+        self._undo_clear_action.setEnabled(False)
+        self.statusBar().showMessage("Captions restored.", 5000)
+
+    @Slot()
+    def show_preferences(self) -> PreferencesDialog:
+        """Opens the Preferences (modeless, so the captions go on); OK applies them: files added from then
+        on are decoded with the new options, the caption window takes its look at once."""
+        dialog = PreferencesDialog(self._settings, self)
+        dialog.accepted.connect(self._apply_caption_settings)
+        dialog.open()
+        return dialog
+
+    def _apply_caption_settings(self) -> None:
+        self.caption_window.set_look(self._settings.get(Key.CAPTION_FONT_PX), self._settings.get(Key.CAPTION_ON_TOP))
 
     @Slot()
     def show_caption_window(self) -> None:
@@ -325,7 +374,8 @@ class MainWindow(QMainWindow):
     def add_files(self, paths: list[str]) -> None:
         if not paths:
             return
-        jobs = self.files.add(paths, self._language(), self._settings.get(Key.KV_MODE))
+        jobs = self.files.add(paths, self._language(), self._settings.get(Key.KV_MODE),
+                              transcribe_options(self._settings))
         self.tabs.setCurrentIndex(self.files_tab)
         if self.models.model is None:
             self.statusBar().showMessage("Files wait for the model to load…")

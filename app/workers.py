@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from aural.engine.chinese import default_script, localize_segments
 from aural.engine.errors import AuralError
 from aural.engine.models import resolve_model
 from aural.engine.runtime import WhisperModel
@@ -193,7 +194,9 @@ class FileWorker(_Reporter):
         result = transcribe(request.model, request.path, request.options, kv_mode=request.kv_mode,
                             progress=self.progress.emit, stop=request.stop)
         self.opened.emit(result.info)
-        for segment in result:
+        # Chinese in the user's script, as `aural transcribe` writes it (a translation is English).
+        language = result.info.language if request.options.task == "transcribe" else None
+        for segment in localize_segments(result, language, default_script()):
             self.segment.emit(segment)
         if request.stop.is_set():
             self.cancelled.emit()

@@ -208,8 +208,10 @@ def _is_raw(p: str, raw_rate: int | None, raw_format: str | None) -> bool:
     if raw_rate is not None:
         return True
     if raw_format is not None or p.lower().endswith(_RAW_EXTENSIONS):
-        raise AudioError(f"{p} is headerless PCM with no declared sample rate; pass --raw-rate "
-                         "(and --raw-format/--raw-channels if it is not s16le mono).")
+        # Said for every front end: the app has no raw-PCM options, the CLI has.
+        raise AudioError(f"{p} is headerless PCM: its sample rate is not in the file. Convert it to WAV or FLAC "
+                         "first, or give the rate to `aural transcribe` with --raw-rate (and --raw-format/"
+                         "--raw-channels if it is not s16le mono).")
     return False
 
 

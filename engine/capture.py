@@ -245,7 +245,10 @@ class MicrophoneSource(_RingSource):
             self._stream.start()
         except (sd.PortAudioError, ValueError) as exc:
             self._stream = None
-            raise DeviceError(f"No microphone available: {exc}") from exc
+            # PortAudio's own words ("Error querying device -1") go to the log, not to the user.
+            logger.info("opening the input device %r failed: %s", self.device, exc)
+            raise DeviceError("No microphone available: no input device is connected, or the sound server "
+                              "(PulseAudio or PipeWire) is not running.") from exc
         self._health = (0, time.monotonic())
         logger.info("capturing from %s at %d Hz", self._stream.device, self.capture_rate)
 

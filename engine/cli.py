@@ -380,6 +380,9 @@ def _add_live(subparsers: Any) -> None:
                    help="seconds of audio between decodes (default: 1.0)")
     p.add_argument("--audio-ctx", choices=["auto", "full"], default="auto",
                    help="encode only the window's audio (auto) or always 30 s (full, slower) (default: auto)")
+    p.add_argument("--language", help="spoken language code or name, e.g. zh (default: detect each utterance)")
+    p.add_argument("--zh-script", choices=["hans", "hant"],
+                   help="write Chinese in Simplified (hans) or Traditional (hant) characters (default: from the locale)")
     p.set_defaults(run=_run_live, parser=p)
 
 
@@ -392,13 +395,15 @@ def _run_live(args: argparse.Namespace) -> int:
     from .capture import MicrophoneSource, ReplaySource
     from .journal import SessionJournal, prune_sessions
     from .streaming import Commit, Error, Metrics, Partial, StreamOptions, event_dict, live_events
+    from .tokenizer import normalize_language
 
     if args.replay is None and args.speed != 1.0:
         return _usage_error(args.parser, "--speed needs --replay")
     device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
     source = ReplaySource(args.replay, speed=args.speed) if args.replay else MicrophoneSource(device)
     try:
-        options = StreamOptions(step_s=args.step, audio_ctx=args.audio_ctx)
+        options = StreamOptions(step_s=args.step, audio_ctx=args.audio_ctx,
+                                language=normalize_language(args.language), zh_script=args.zh_script)
     except ValueError as exc:
         return _usage_error(args.parser, str(exc))
     stop = threading.Event()
@@ -421,7 +426,7 @@ def _run_live(args: argparse.Namespace) -> int:
                 failed = True
                 _error(event.message)
             elif isinstance(event, Commit) and not args.json:
-                line = f"{line} {event.text}".strip()
+                line = f"{line}{' ' if event.spaced else ''}{event.text}".strip()
                 if not tty:
                     print(event.text, flush=True)
             if tty and isinstance(event, (Commit, Partial)):

@@ -20,12 +20,22 @@ where the audio ends is dropped, and every word still needs two hypotheses to ag
 committed. The decode grows with the window's text.
 
 Word times are estimates: each Whisper segment's time span is spread over its words by character count.
+Scripts written without spaces (Chinese, Japanese) are agreed on and committed character by character:
+a word of space-separated text would be a whole sentence there, which two hypotheses rarely repeat
+exactly, so nothing would commit until a pause.
+
+With a multilingual model and no fixed language, each utterance (the speech after a window reset) gets
+its own language: detected on every decode until the utterance holds `language_lock_s` of speech, then
+kept until the next reset (ref: openai-whisper decoding.py detect_language, on the window's encoding).
+Chinese is written in one script (`StreamOptions.zh_script`, the user's locale by default), as file
+transcription writes it, so partials do not switch script from step to step.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -35,7 +45,8 @@ from typing import Iterator, Sequence, Union
 
 import numpy as np
 
-from .decoding import DecodingOptions, DecodingResult, decode_window
+from .chinese import default_script, to_script
+from .decoding import DecodingOptions, DecodingResult, decode_window, detect_language
 from .errors import AuralError
 from .features import AUDIO_CTX_MODES, N_SAMPLES, context_frames, window_mel
 from .metrics import TokenTimer, peak_rss_mb
@@ -66,10 +77,14 @@ class Partial:
     Attributes:
         text: the unconfirmed words ("" when everything decoded is committed).
         audio_end_s: seconds of input consumed when this hypothesis was decoded.
+        language: the language it was decoded in (detected or fixed; None for English-only models).
+        spaced: whether a space separates it from the committed text before it.
     """
 
     text: str
     audio_end_s: float
+    language: str | None = None
+    spaced: bool = True
 
 
 @dataclass(frozen=True)
@@ -77,14 +92,19 @@ class Commit:
     """Text that is final: later steps never change or repeat it.
 
     Attributes:
-        text: the committed words, space-separated, with Whisper's punctuation.
+        text: the committed words with Whisper's punctuation, space-separated where the language
+            separates words (no spaces between Chinese or Japanese characters).
         start: estimated start of the first word, seconds from the start of the input.
         end: estimated end of the last word.
+        language: the language it was decoded in (None for English-only models).
+        spaced: whether a space separates it from the text committed before it.
     """
 
     text: str
     start: float
     end: float
+    language: str | None = None
+    spaced: bool = True
 
 
 @dataclass(frozen=True)
@@ -185,7 +205,9 @@ class StreamOptions:
         preroll_s: audio kept before the speech onset, so the first word is not clipped.
         prompt_chars: most characters of scrolled-out committed text fed as the prompt (ref:
             whisper_streaming OnlineASRProcessor.prompt, 200).
-        language: language code for multilingual models (None: the tokenizer's).
+        language: language code for multilingual models; None detects it for each utterance.
+        language_lock_s: speech in an utterance after which its detected language is kept.
+        zh_script: "hans" or "hant" for Chinese text (None: the user's locale, chinese.default_script).
         no_speech_threshold: a hypothesis with a higher no-speech probability and an average
             log-probability under `logprob_threshold` counts as silence (ref: openai-whisper).
         logprob_threshold: see `no_speech_threshold`.
@@ -214,6 +236,8 @@ class StreamOptions:
     preroll_s: float = 0.3
     prompt_chars: int = 200
     language: str | None = None
+    language_lock_s: float = 3.0
+    zh_script: str | None = None
     no_speech_threshold: float = 0.6
     logprob_threshold: float = -1.0
     compression_ratio_threshold: float = 2.4
@@ -246,6 +270,7 @@ class _Word:
     text: str
     start: float
     end: float
+    spaced: bool = True  # a space separates it from the word before (False inside a run of CJK characters)
 
     @property
     def key(self) -> str:
@@ -266,20 +291,48 @@ class _Hypothesis:
     cuts: list[tuple[int, float]]
 
 
-def _spread(texts: list[str], start: float, end: float) -> list[_Word]:
+# Characters of scripts written without spaces between words: CJK ideographs (with extensions and
+# compatibility forms), kana, and CJK and full-width punctuation (Unicode blocks 3000-30FF, 3400-4DBF,
+# 4E00-9FFF, F900-FAFF, FF00-FFEF). Hangul is written with spaces and is not among them.
+_UNSPACED = "\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
+_UNIT = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
+
+
+def _units(text: str) -> list[tuple[str, bool]]:
+    """(unit, spaced) pairs of a segment's text: space-separated words, each character of an unspaced
+    script its own unit (LocalAgreement then agrees on characters there)."""
+    out = []
+    for piece in text.split():
+        out += [(unit, k == 0) for k, unit in enumerate(_UNIT.findall(piece))]
+    return out
+
+
+def _join(words: Sequence[_Word]) -> str:
+    return "".join((" " if k and w.spaced else "") + w.text for k, w in enumerate(words))
+
+
+def _spread(units: list[tuple[str, bool]], start: float, end: float) -> list[_Word]:
     """Words of one segment with times interpolated by character count inside [start, end]."""
-    edges = np.concatenate([[0], np.cumsum([len(t) for t in texts])]) / max(1, sum(len(t) for t in texts))
+    lengths = [len(t) for t, _ in units]
+    edges = np.concatenate([[0], np.cumsum(lengths)]) / max(1, sum(lengths))
     times = start + (end - start) * edges
-    return [_Word(t, float(times[i]), float(times[i + 1])) for i, t in enumerate(texts)]
+    return [_Word(t, float(times[i]), float(times[i + 1]), spaced) for i, (t, spaced) in enumerate(units)]
 
 
-def _parse(tokens: Sequence[int], tokenizer: WhisperTokenizer, offset_s: float, window_s: float) -> _Hypothesis:
+def _parse(tokens: Sequence[int], tokenizer: WhisperTokenizer, offset_s: float, window_s: float,
+           script: str | None = None) -> _Hypothesis:
     """Splits timestamped tokens into words; an unclosed last segment runs to the window's end.
 
     A segment that opens at the end of the audio or later is dropped with all that follows: there is
     nothing left to hear, so it can only be a repetition of earlier text, which a short encoder context
     invites (seen on 1-4 s windows with 1 s of padding: "And so my fellow Americans." again at 2.00 s).
+    `script` converts Chinese text to that script ("hans", "hant") before it is cut into units.
     """
+
+    def units(ids: list[int]) -> list[tuple[str, bool]]:
+        text = tokenizer.decode(ids)
+        return _units(to_script(text, script) if script else text)
+
     words: list[_Word] = []
     cuts: list[tuple[int, float]] = []
     start, text = 0.0, []
@@ -290,14 +343,14 @@ def _parse(tokens: Sequence[int], tokenizer: WhisperTokenizer, offset_s: float, 
         # Whisper may stamp past the audio it was given (the window is padded to 30 s).
         stamp = min((token - tokenizer.timestamp_begin) * TIME_PRECISION, window_s)
         if text:
-            words += _spread(tokenizer.decode(text).split(), offset_s + start, offset_s + stamp)
+            words += _spread(units(text), offset_s + start, offset_s + stamp)
             cuts.append((len(words), offset_s + stamp))
             text = []
         elif stamp >= window_s - TIME_PRECISION:
             break
         start = stamp
     if text:
-        words += _spread(tokenizer.decode(text).split(), offset_s + start, offset_s + window_s)
+        words += _spread(units(text), offset_s + start, offset_s + window_s)
     return _Hypothesis(words, cuts)
 
 
@@ -380,6 +433,8 @@ class _Stream:
         self.busy_s = 0.0
         self.reported_audio_s = 0.0
         self.n_steps = 0
+        self.language = options.language  # of the current utterance; None until detected
+        self.language_locked = options.language is not None or not model.tokenizer.multilingual
         self.onset_read_at: float | None = None
         self.first_partial_s: float | None = None
         self.dropped_blocks = 0
@@ -450,6 +505,8 @@ class _Stream:
         """After a long silence with everything committed: keep only the pre-roll."""
         self.in_window = 0
         self.pauses = []
+        if self.options.language is None and self.model.tokenizer.multilingual:
+            self.language, self.language_locked = None, False  # the next utterance may be in another
         self.speech_samples = 0
         self.fresh_speech = False
         self._cut(max(self.window_start, self.total - round(self.options.preroll_s * SAMPLE_RATE)))
@@ -461,16 +518,20 @@ class _Stream:
         frames = _context_frames(self.audio.size, self.options)
         self.ctx.encode(window_mel(self.audio, self.model.mel_filters, frames))
         o = self.options
+        if not self.language_locked:
+            self.language = detect_language(self.ctx, self.model.tokenizer)[0]
+            self.language_locked = self.speech_samples >= o.language_lock_s * SAMPLE_RATE
         sample_len = _TOKENS_SLACK + math.ceil(_TOKENS_PER_S * self.audio.size / SAMPLE_RATE)
-        options = DecodingOptions(language=o.language, prompt=self._prompt() or None, without_timestamps=False,
+        options = DecodingOptions(language=self.language, prompt=self._prompt() or None, without_timestamps=False,
                                   sample_len=min(sample_len, self.model.n_text_ctx // 2))
         result = decode_window(self.ctx, self.model.tokenizer, options, self.model.n_text_ctx)
         self.decoded_upto = self.total
         self.fresh_speech = False
         if self._rejected(result):
             return _Hypothesis([], []), result
+        script = (o.zh_script or default_script()) if self.language == "zh" else None
         hyp = _parse(result.tokens, self.model.tokenizer, self.window_start / SAMPLE_RATE,
-                     self.audio.size / SAMPLE_RATE)
+                     self.audio.size / SAMPLE_RATE, script)
         if hyp.words and self.silence_from is not None and self.silence_from > self.window_start:
             self._mark_pause(hyp.words)
         return hyp, result
@@ -487,18 +548,21 @@ class _Stream:
 
     def _prompt(self) -> str:
         """The committed text that has left the window, cut to whole words within prompt_chars."""
-        text = " ".join(w.text for w in self.committed[:len(self.committed) - self.in_window])
+        text = _join(self.committed[:len(self.committed) - self.in_window])
         if len(text) <= self.options.prompt_chars:
             return text
-        return text[-self.options.prompt_chars:].partition(" ")[2]
+        cut = text[-self.options.prompt_chars:]
+        # Whole words where the text has spaces; a run of Chinese or Japanese can be cut anywhere.
+        return cut.partition(" ")[2] if " " in cut else cut
 
     def _commit(self, words: list[_Word]) -> Commit:
         # Estimates from different hypotheses may overlap; commits must not go back in time.
         start = max(words[0].start, self.committed[-1].end) if self.committed else words[0].start
         end = max(words[-1].end, start)
-        self.committed += words[:-1] + [_Word(words[-1].text, words[-1].start, end)]
+        spaced = bool(self.committed) and words[0].spaced
+        self.committed += words[:-1] + [_Word(words[-1].text, words[-1].start, end, words[-1].spaced)]
         self.in_window += len(words)
-        return Commit(" ".join(w.text for w in words), start, end)
+        return Commit(_join(words), start, end, self.language, spaced)
 
     # -- the window --
 
@@ -567,10 +631,10 @@ class _Stream:
     def _report(self, started: float, result: DecodingResult) -> Iterator[Event]:
         busy = time.perf_counter() - started
         audio_s = self.total / SAMPLE_RATE
-        text = " ".join(w.text for w in self.tail)
+        text = _join(self.tail)
         if text and self.first_partial_s is None and self.onset_read_at is not None:
             self.first_partial_s = time.monotonic() - self.onset_read_at
-        yield Partial(text, audio_s)
+        yield Partial(text, audio_s, self.language, not self.tail or self.tail[0].spaced)
         self.costs.append((busy, audio_s - self.reported_audio_s))
         self.reported_audio_s = audio_s
         self.busy_s += busy

@@ -177,7 +177,8 @@ def test_unreadable_files_show_an_error_and_the_window_stays_usable(window, qtbo
     assert drop_files(window, [broken, tmp_path / "missing.mp3"])  # two at once
     first, second = window.files.jobs
     wait_status(qtbot, window, first, JobStatus.FAILED, timeout=30_000)
-    assert first.error and first.error in window.queue.status_text(first.id)
+    # The column says "Failed"; the reason is in its tooltip and the result pane (below).
+    assert window.queue.status_text(first.id) == "Failed" and first.error in window.queue.status_tip(first.id)
     wait_status(qtbot, window, second, JobStatus.FAILED, timeout=30_000)
     assert "missing.mp3" in window.statusBar().currentMessage() and "not found" in window.last_error
     assert window.isVisible() and window.controls.start_button.isEnabled()
@@ -203,7 +204,7 @@ def test_a_file_that_vanishes_while_queued_fails_and_the_queue_goes_on(window, q
     assert first.status is JobStatus.RUNNING and vanishing.status is JobStatus.QUEUED
     paths[1].unlink()  # before its turn: the first file's worker reports back through this (GUI) thread
     wait_status(qtbot, window, vanishing, JobStatus.FAILED)
-    assert "not found" in vanishing.error and "vanishing.wav" in window.queue.status_text(vanishing.id)
+    assert "not found" in vanishing.error and "vanishing.wav" in window.queue.status_tip(vanishing.id)
     wait_status(qtbot, window, last, JobStatus.DONE)
     assert first.status is JobStatus.DONE and last.segments
 
@@ -351,7 +352,7 @@ def test_no_device_shows_an_error_and_the_window_stays_usable(make_window, qtbot
     window = make_window(open_source=no_microphone)
     with qtbot.waitSignal(window.live.running_changed, timeout=5000,
                           check_params_cb=lambda running: not running):
-        qtbot.keyClick(window, Qt.Key.Key_Space)  # the Start shortcut
+        qtbot.keyClick(window.captions, Qt.Key.Key_Space)  # the Start shortcut, on the Live tab
     assert "No microphone available" in window.statusBar().currentMessage()
     assert window.controls.start_button.text() == "Start" and window.controls.start_button.isEnabled()
     window.captions.append_commit("still here")  # the views keep working
@@ -510,6 +511,70 @@ def test_captions_go_on_when_the_journal_cannot_be_written(make_window, qtbot, d
         window.toggle_live()  # the replay ends by itself, and the run with it
     assert "canoe" in normalized(window.captions.committed_text())
     assert len(errors) == 1 and errors[0].startswith("Captions are not being saved for recovery")
+
+
+def test_space_starts_the_microphone_only_on_the_live_tab(make_window, qtbot, data_dir):
+    starts = []
+
+    def no_microphone(device):
+        starts.append(device)
+        raise DeviceError("No microphone available")
+
+    window = make_window(open_source=no_microphone)
+    window.add_files([str(data_dir / "en_pocketsphinx_cards_001.wav")])
+    window.tabs.setCurrentIndex(window.files_tab)
+    window.queue.setFocus()
+    qtbot.keyClick(window.queue, Qt.Key.Key_Space)  # the file list's own key: it selects, nothing starts
+    assert window.tabs.currentIndex() == window.files_tab and not window.live.running and starts == []
+    window.tabs.setCurrentIndex(window.live_tab)
+    window.captions.setFocus()
+    with qtbot.waitSignal(window.live.running_changed, timeout=5000, check_params_cb=lambda running: not running):
+        qtbot.keyClick(window.captions, Qt.Key.Key_Space)
+    assert len(starts) == 1
+
+
+def test_clear_captions_can_be_undone_and_keeps_the_journal(make_window, qtbot, data_dir, journal_dir):
+    from aural.engine.capture import ReplaySource
+
+    window = make_window(open_source=lambda _device: ReplaySource(data_dir / "en_speechbrain_example1.wav"))
+    with qtbot.waitSignals([window.live.running_changed, window.live.running_changed], timeout=FILE_S):
+        window.toggle_live()  # the replay ends by itself, and the run with it
+    said = window.captions.committed_text()
+    assert "canoe" in normalized(said)
+    [journal] = journal_dir.glob("session-*.jsonl")
+    window.clear_captions()
+    assert window.captions.committed_text() == "" and window.live.transcript == []
+    assert "Undo" in window.statusBar().currentMessage()
+    # Still open and whole: a crash after the Clear would still offer the text for restore.
+    assert read_session(journal).text == said and read_session(journal).outcome is None
+    window._undo_clear_action.trigger()
+    assert window.captions.committed_text() == said
+    assert " ".join(s.text for s in window.live.transcript) == said
+    assert not window._undo_clear_action.isEnabled()
+    assert read_session(journal).text == said
+
+
+def test_preferences_decide_how_files_are_decoded_and_how_the_caption_window_looks(window, qtbot, jfk_wav):
+    dialog = window.show_preferences()
+    assert dialog.beam_size.value() == 5 and not dialog.word_timestamps.isChecked()  # the CLI's defaults
+    dialog.beam_size.setValue(1)
+    dialog.word_timestamps.setChecked(True)
+    dialog.hotwords.setText("Americans")
+    dialog.font_px.setValue(40)
+    dialog.on_top.setChecked(True)
+    dialog.accept()
+    assert window._settings.get(Key.WORD_TIMESTAMPS) is True and window._settings.get(Key.BEAM_SIZE) == 1
+    assert window.caption_window._label.font().pixelSize() == 40
+    assert window.caption_window.windowFlags() & Qt.WindowType.WindowStaysOnTopHint
+    window.add_files([str(jfk_wav)])
+    job = window.files.jobs[-1]
+    assert job.options.beam_size is None and job.options.word_timestamps and job.options.hotwords == "Americans"
+    wait_status(qtbot, window, job, JobStatus.DONE)
+    assert job.segments and all(s.words for s in job.segments)
+    cancelled = window.show_preferences()
+    cancelled.beam_size.setValue(7)
+    cancelled.reject()  # Cancel keeps what was stored
+    assert window._settings.get(Key.BEAM_SIZE) == 1
 
 
 # -- views and settings ------------------------------------------------------------------------------

@@ -213,3 +213,25 @@ def test_cli_writes_chinese_in_the_locale_script(aishell_text):
     proc = run_cli("-m", "base", "--zh-script", "hans", str(DATA / AISHELL), env={**env, "LANG": "zh_TW.UTF-8"})
     assert proc.returncode == 0, proc.stderr
     assert "".join(proc.stdout.split()) == "".join(to_script(aishell_text, "hans").split())
+
+
+@needs_base
+def test_the_app_writes_chinese_in_the_script_the_cli_writes(base_model, aishell_text, qtbot, monkeypatch):
+    """The GUI's file worker converts as `aural transcribe` does (the user's locale: zh_TW, Traditional),
+    so one file reads the same in both."""
+    import threading
+
+    from aural.app.workers import FileRequest, FileWorker
+
+    for variable in ("LC_ALL", "LC_MESSAGES"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("LANG", "zh_TW.UTF-8")
+    worker, segments = FileWorker(), []
+    worker.segment.connect(segments.append)
+    with qtbot.waitSignal(worker.done, timeout=300_000):
+        worker.transcribe(FileRequest(base_model, DATA / AISHELL, TranscribeOptions(), "device", threading.Event()))
+    app_text = "".join(s.text for s in segments)
+    assert "".join(app_text.split()) == "".join(to_script(aishell_text, "hant").split())
+    cli = run_cli("-m", "base", str(DATA / AISHELL))
+    assert cli.returncode == 0, cli.stderr
+    assert "".join(cli.stdout.split()) == "".join(app_text.split())

