@@ -92,6 +92,10 @@ class MainWindow(QMainWindow):
         self.tabs.setDocumentMode(True)
         self.live_pane = live
         self.live_tab = self.tabs.addTab(live, "Live captions")
+        # Space toggles too, but only on the Live tab (the file list and the transcript table use Space
+        # for their own items), and not where a widget that types or presses with it has the focus.
+        QShortcut(QKeySequence(Qt.Key.Key_Space), self.live_pane, self.toggle_live,
+                  context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
         self.files_tab = self.tabs.addTab(files, "Files")
         central = QWidget()
         layout = QVBoxLayout(central)
@@ -155,10 +159,6 @@ class MainWindow(QMainWindow):
         self._action(live, "&Start / Stop", self.toggle_live, "Ctrl+R")
         view = self.menuBar().addMenu("&View")
         self._present_action = self._action(view, "&Caption window", self.show_caption_window, "Ctrl+Shift+P")
-        # Space toggles too, but only on the Live tab (the file list and the transcript table use Space
-        # for their own items), and not where a widget that types or presses with it has the focus.
-        QShortcut(QKeySequence(Qt.Key.Key_Space), self.live_pane, self.toggle_live,
-                  context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
 
     def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
         action = menu.addAction(text)
@@ -325,7 +325,8 @@ class MainWindow(QMainWindow):
             return
         self._offers.pop(0)
         for segment in segments:
-            self._on_commit(segment)
+            self.captions.append_commit(segment.text)
+            self.caption_window.append_commit(segment.text)
         self.statusBar().showMessage(f"Restored {len(segments)} captions.", 5000)
         self._show_next_offer()
 

@@ -434,6 +434,8 @@ class _Stream:
         self.reported_audio_s = 0.0
         self.n_steps = 0
         self.language = options.language  # of the current utterance; None until detected
+        self.prompt_from = 0  # committed words before this index never prompt (another language's)
+        self._committed_language = self.language  # the language of the last commit
         self.language_locked = options.language is not None or not model.tokenizer.multilingual
         self.onset_read_at: float | None = None
         self.first_partial_s: float | None = None
@@ -521,6 +523,10 @@ class _Stream:
         if not self.language_locked:
             self.language = detect_language(self.ctx, self.model.tokenizer)[0]
             self.language_locked = self.speech_samples >= o.language_lock_s * SAMPLE_RATE
+            if self.committed and self.language != self._committed_language:
+                # Text in another language as the prompt makes Whisper write in that language (base wrote
+                # JFK in Chinese after a Chinese utterance): the new utterance starts without it.
+                self.prompt_from = len(self.committed) - self.in_window
         sample_len = _TOKENS_SLACK + math.ceil(_TOKENS_PER_S * self.audio.size / SAMPLE_RATE)
         options = DecodingOptions(language=self.language, prompt=self._prompt() or None, without_timestamps=False,
                                   sample_len=min(sample_len, self.model.n_text_ctx // 2))
@@ -548,7 +554,7 @@ class _Stream:
 
     def _prompt(self) -> str:
         """The committed text that has left the window, cut to whole words within prompt_chars."""
-        text = _join(self.committed[:len(self.committed) - self.in_window])
+        text = _join(self.committed[self.prompt_from:len(self.committed) - self.in_window])
         if len(text) <= self.options.prompt_chars:
             return text
         cut = text[-self.options.prompt_chars:]
@@ -559,10 +565,10 @@ class _Stream:
         # Estimates from different hypotheses may overlap; commits must not go back in time.
         start = max(words[0].start, self.committed[-1].end) if self.committed else words[0].start
         end = max(words[-1].end, start)
-        spaced = bool(self.committed) and words[0].spaced
         self.committed += words[:-1] + [_Word(words[-1].text, words[-1].start, end, words[-1].spaced)]
+        self._committed_language = self.language
         self.in_window += len(words)
-        return Commit(_join(words), start, end, self.language, spaced)
+        return Commit(_join(words), start, end, self.language, words[0].spaced)
 
     # -- the window --
 

@@ -365,8 +365,10 @@ def test_ctrl_c_commits_the_tail_and_prints_a_summary(jfk_wav):
 
 
 def test_event_dicts_are_json_ready():
-    assert event_dict(Commit("Ask not", 3.0, 4.5)) == {"type": "commit", "text": "Ask not", "start": 3.0, "end": 4.5}
-    assert event_dict(Partial("what", 5.0)) == {"type": "partial", "text": "what", "audio_end_s": 5.0}
+    assert event_dict(Commit("Ask not", 3.0, 4.5, "en")) == {"type": "commit", "text": "Ask not", "start": 3.0,
+                                                             "end": 4.5, "language": "en", "spaced": True}
+    assert event_dict(Partial("what", 5.0)) == {"type": "partial", "text": "what", "audio_end_s": 5.0,
+                                                "language": None, "spaced": True}
     assert event_dict(Error("gone")) == {"type": "error", "message": "gone"}
 
 

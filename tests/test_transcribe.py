@@ -196,21 +196,25 @@ def test_three_minutes_in_several_windows(whisper_model, three_minutes):
 @pytest.mark.slow
 def test_no_window_boundary_loses_text_on_ten_sonnets(whisper_model, clips, tmp_path):
     """The sonnet ten times over (533 s, 18 windows or more), as issue #24 found a line lost and the
-    subtitles after it ~11 s early: every copy keeps at least 90 % of the sonnet's words, in order, and
-    each copy's text starts within 2 s of where the copy starts. (A window that opened with a segment
-    passing over 20 s of speech is what lost text; see transcribe.skips_speech.)"""
+    subtitles after it ~11 s early: every copy keeps, in order, as many of the sonnet's words as the sonnet
+    transcribed alone does, less 3 (a line is 8 words or more), and each copy's text starts within 2 s of
+    where the copy starts. (Windows that passed over speech lost the lines: see transcribe's _Run._skipped.)"""
     sonnet = next(c for c in clips if "sonnet" in c.path.name)
     one = load_audio(sonnet.path)
     path = tmp_path / "ten_sonnets.wav"
     soundfile.write(path, np.tile(one, 10), 16000, subtype="PCM_16")
     copy_s = one.size / 16000
-    segments = list(transcribe(whisper_model, path))
     reference = normalize(sonnet.reference).split()
+
+    def kept(segments) -> int:
+        said = normalize(" ".join(s.text for s in segments)).split()
+        return sum(b.size for b in SequenceMatcher(None, reference, said, autojunk=False).get_matching_blocks())
+
+    alone = kept(transcribe(whisper_model, one))
+    segments = list(transcribe(whisper_model, path))
     for k in range(10):
         mine = [s for s in segments if k * copy_s - 1.0 <= (s.start + s.end) / 2 < (k + 1) * copy_s]
-        said = normalize(" ".join(s.text for s in mine)).split()
-        kept = sum(block.size for block in SequenceMatcher(None, reference, said, autojunk=False).get_matching_blocks())
-        assert kept >= 0.9 * len(reference), (k, " ".join(said))
+        assert kept(mine) >= alone - 3, (k, alone, " ".join(s.text for s in mine))
         assert abs(mine[0].start - k * copy_s) <= 2.0, (k, mine[0])
 
 
@@ -282,12 +286,13 @@ def test_fallback_and_silence_rules():
     assert not fallback(avg_logprob=-1.2, no_speech_prob=0.7)  # silence: no retry
     assert fallback(compression_ratio=2.5, no_speech_prob=0.7)
     # Passing over speech: 11 text tokens between 0.00 and 26.64 s (the 5 min series' lost window), against
-    # the same tokens over 10 s (3.5 a second is read speech's rate) and 12 s after a 2 s segment.
+    # the same tokens over 10 s (3.5 a second is read speech's rate), and 18 or 17 tokens over 12 s after a
+    # 2 s segment (the bound: 1.5 a second).
     skipped = [ts, *range(11), ts + 1332, ts + 1332]
     assert fallback(tokens=skipped) and skips_speech(skipped, ts)
     assert not fallback(tokens=[ts, *range(11), ts + 500])
-    assert not skips_speech([ts, 1, 2, ts + 100, ts + 100, *range(12), ts + 700], ts)
-    assert skips_speech([ts, 1, 2, ts + 100, ts + 100, *range(11), ts + 700], ts)
+    assert not skips_speech([ts, 1, 2, ts + 100, ts + 100, *range(18), ts + 700], ts)
+    assert skips_speech([ts, 1, 2, ts + 100, ts + 100, *range(17), ts + 700], ts)
     assert _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.7), options)
     assert not _is_silence(result(avg_logprob=-0.5, no_speech_prob=0.7), options)  # confident text wins
     assert not _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.5), options)
