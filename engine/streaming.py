@@ -436,7 +436,9 @@ class _Stream:
         self.language = options.language  # of the current utterance; None until detected
         self.prompt_from = 0  # committed words before this index never prompt (another language's)
         self._committed_language = self.language  # the language of the last commit
-        self.language_locked = options.language is not None or not model.tokenizer.multilingual
+        # A multilingual model with no fixed language detects it per utterance.
+        self.detects_language = options.language is None and model.tokenizer.multilingual
+        self.language_locked = not self.detects_language
         self.onset_read_at: float | None = None
         self.first_partial_s: float | None = None
         self.dropped_blocks = 0
@@ -507,7 +509,7 @@ class _Stream:
         """After a long silence with everything committed: keep only the pre-roll."""
         self.in_window = 0
         self.pauses = []
-        if self.options.language is None and self.model.tokenizer.multilingual:
+        if self.detects_language:
             self.language, self.language_locked = None, False  # the next utterance may be in another
         self.speech_samples = 0
         self.fresh_speech = False

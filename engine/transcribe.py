@@ -407,8 +407,8 @@ def _is_silence(result: DecodingResult, options: TranscribeOptions) -> bool:
 # level, 9 of a 10.6 s transcription. Speech runs at 3-4 text tokens a second in English and up to ~8 in
 # Chinese, plus a timestamp pair per segment; windows of 14 s and more keep the 224-token limit.
 WINDOW_TOKENS_PER_S = 15.0
-SHORT_WINDOW_S = 2.0  # windows shorter than this are checked with VAD before they are decoded
 WINDOW_TOKENS_SLACK = 16
+SHORT_WINDOW_S = 2.0  # windows shorter than this are checked with VAD before they are decoded (_Run.silent)
 
 
 def window_sample_len(audio_s: float, n_text_ctx: int) -> int:
@@ -533,12 +533,14 @@ class _Run:
         prompt = window_prompt(self.hotwords, self.prompt, self.prompt.maxlen)
         for temperature in o.temperatures:
             result = self._decode_at(seek, temperature, prompt)
-            if self._skipped(result, seek) and len(prompt) > len(self.hotwords):
+            skipped = self._skipped(result, seek)  # once per decode: its lead check may scan seconds with VAD
+            if skipped and len(prompt) > len(self.hotwords):
                 prompt = window_prompt(self.hotwords, [], self.prompt.maxlen)
                 logger.debug("window at %.2f s passed over speech; decoding it without the previous text",
                              seek * HOP_LENGTH / SAMPLE_RATE)
                 result = self._decode_at(seek, temperature, prompt)
-            if not _needs_fallback(result, o, ts_begin) and not self._skipped(result, seek):
+                skipped = self._skipped(result, seek)
+            if not skipped and not _needs_fallback(result, o, ts_begin):
                 break
             logger.debug("window at %.2f s failed at T=%s (cr %.2f, logprob %.2f)", seek * HOP_LENGTH / SAMPLE_RATE,
                          temperature, result.compression_ratio, result.avg_logprob)
