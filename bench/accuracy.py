@@ -38,13 +38,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from common import CACHE, RESULTS, aural_python, fmt, md_table, run_prep, run_worker, word_errors  # noqa: E402
+from common import CACHE, CT2_ISA, RESULTS, aural_python, fmt, md_table, run_prep, run_worker, word_errors  # noqa: E402
 
 SAMPLE_RATE = 16000
 SNR_DB = 10.0
 SETS = ("dev", "long", "phone", "noisy")
-# CTranslate2's ISA for each of ggml's CPU levels (CT2_FORCE_CPU_ISA; "native": its own dispatch).
-CT2_ISA = {"native": None, "icelake": "AVX512", "skylakex": "AVX512", "haswell": "AVX2", "sse42": "GENERIC"}
 # id -> (label, engine, spec extras, environment extras)
 CONFIGS: dict[str, tuple[str, str, dict[str, Any], dict[str, str]]] = {
     "aural": ("Aural", "aural", {}, {}),

@@ -19,6 +19,9 @@ from typing import Any, Iterable, Sequence
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
+# CTranslate2's ISA for each of ggml's CPU levels (CT2_FORCE_CPU_ISA), so both engines run the same
+# instruction set; "native": each picks its best.
+CT2_ISA = {"native": None, "icelake": "AVX512", "skylakex": "AVX512", "haswell": "AVX2", "sse42": "GENERIC"}
 DATA = Path(os.environ.get("AURAL_DATA_DIR", REPO.parent / "shared" / "data"))
 CACHE = BENCH / ".cache"
 RESULTS = BENCH / "results"

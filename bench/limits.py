@@ -58,7 +58,7 @@ def clock_hz() -> float:
 
 
 def measure(model_path: str) -> dict:
-    from aural.engine.cpu import configure
+    from aural.engine.cpu import configure, cpu_model
     from aural.engine.features import window_mel
     from aural.engine.runtime import WhisperModel
 
@@ -111,7 +111,7 @@ def measure(model_path: str) -> dict:
     int8_rate = 2 * int8_lanes * hz
     enc_floor_s = (proj / int8_rate if int8 else proj / f32_rate) + (attention + conv) / f32_rate
     return {
-        "cpu": _cpu_model(), "level": level.variant,
+        "cpu": cpu_model(), "level": level.variant,
         "kernel_isa": isa, "int8": int8, "clock_ghz": hz / 1e9, "read_gib_s": bw / GIB,
         "decoder": {"bytes_per_step": bytes_per_step, "layers": layer_bytes, "screen": screen, "cross_kv": cross_kv,
                     "self_kv": self_kv, "floor_ms": bytes_per_step / bw * 1000,
@@ -120,11 +120,6 @@ def measure(model_path: str) -> dict:
                     "conv_macs": conv, "f32_gmacs": f32_rate / 1e9, "int8_gmacs": int8_rate / 1e9,
                     "floor_ms": enc_floor_s * 1000, "measured_ms": times["encoder_ms"]},
     }
-
-
-def _cpu_model() -> str:
-    m = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
-    return m.group(1).strip() if m else "?"
 
 
 def render() -> str:

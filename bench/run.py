@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from common import (RAW, REPO, RESULTS, WorkerError, aural_python, fmt, machine_info, md_table,  # noqa: E402
+from common import (CT2_ISA, RAW, REPO, RESULTS, WorkerError, aural_python, fmt, machine_info, md_table,  # noqa: E402
                     median, minimum, run_prep, run_worker)
 
 CLIP_KEYS = {
@@ -52,9 +52,6 @@ SERIES_KEYS = {"10s": 10, "1min": 60, "5min": 300, "30min": 1800}
 SERIES_AUDIO = {10: "series-10s", 60: "series-1min", 300: "series-5min", 1800: "series-30min"}
 DEFAULT_CLIPS = "jfk,sonnet,10s,1min,5min"
 # Table and plot labels of the configurations, in colour order.
-# CTranslate2's ISA for each of ggml's CPU levels (--level): CT2_FORCE_CPU_ISA, so both engines run the same
-# instruction set; "native": each picks its best.
-CT2_ISA = {"native": None, "icelake": "AVX512", "skylakex": "AVX512", "haswell": "AVX2", "sse42": "GENERIC"}
 # whisper.cpp built from source for this CPU by bench/setup.sh (GGML_NATIVE=ON).
 WHISPERCPP_NATIVE = common.CACHE / "whispercpp-native"
 LABELS = ("Aural (KV device)", "Aural (KV host)", "faster-whisper int8", "faster-whisper float32",
