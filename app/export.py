@@ -13,13 +13,17 @@ __all__ = ["CaptionSegment", "save_transcript"]
 
 @dataclass(frozen=True)
 class CaptionSegment:
-    """A committed live caption in the shape the writers take (live captions have no token ids)."""
+    """A committed live caption in the shape the writers take (live captions have no token ids).
+
+    `spaced`: a space separates it from the caption before (not between Chinese or Japanese characters).
+    """
 
     id: int
     start: float
     end: float
     text: str
     tokens: list[int] = field(default_factory=list)
+    spaced: bool = True
 
 
 def save_transcript(path: str | Path, fmt: str, segments: Iterable[Any], info: Any = None,

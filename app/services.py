@@ -328,7 +328,7 @@ class LiveSession(QObject):
         whole transcript."""
         restored = self._cleared + self.transcript
         self._cleared = []
-        self.transcript = [CaptionSegment(i, s.start, s.end, s.text) for i, s in enumerate(restored)]
+        self.transcript = [dataclasses.replace(s, id=i) for i, s in enumerate(restored)]
         return self.transcript
 
     def unclosed_sessions(self) -> list[Session]:
@@ -391,7 +391,7 @@ class LiveSession(QObject):
     @Slot(object)
     def _on_commit(self, commit: Commit) -> None:
         self.transcript.append(CaptionSegment(len(self.transcript), self._offset_s + commit.start,
-                                              self._offset_s + commit.end, commit.text))
+                                              self._offset_s + commit.end, commit.text, spaced=commit.spaced))
         self.commit.emit(commit)
 
     @Slot(object)

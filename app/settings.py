@@ -21,6 +21,8 @@ class Key(Enum):
     KV_MODE = ("model/kv_mode", str, "device")
     GEOMETRY = ("window/geometry", QByteArray, QByteArray())
     EXPORT_DIR = ("files/export_dir", str, "")  # "": the user's documents folder
+    RECENT_FILES = ("files/recent", list, [])  # paths, newest first (File → Recent)
+    METRICS_SHOWN = ("window/metrics_shown", bool, False)  # collapsed at first: a newcomer sees captions
     # Decoding of files (Preferences; the CLI's flags of the same names).
     BEAM_SIZE = ("decoding/beam_size", int, 5)  # 1: greedy
     WORD_TIMESTAMPS = ("decoding/word_timestamps", bool, False)
@@ -31,6 +33,8 @@ class Key(Enum):
     # The caption window (View → Caption window).
     CAPTION_FONT_PX = ("captions/font_px", int, 0)  # 0: follows the window's height
     CAPTION_ON_TOP = ("captions/always_on_top", bool, False)
+    CAPTION_TEXT_COLOR = ("captions/text_color", str, "#ffffff")
+    CAPTION_BACKGROUND = ("captions/background", str, "#07090c")
 
     def __init__(self, path: str, kind: type, default: Any):
         self.path = path
@@ -51,6 +55,8 @@ class Settings:
             return value if isinstance(value, QByteArray) else QByteArray(value or b"")
         if key.kind is bool and isinstance(value, str):  # INI files store booleans as "true" / "false"
             return value.lower() in ("true", "1")
+        if key.kind is list:  # an INI file gives a one-item list back as a plain string
+            return [value] if isinstance(value, str) else list(value or [])
         return key.kind(value)
 
     def set(self, key: Key, value: Any) -> None:

@@ -10,18 +10,20 @@ import logging
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QStandardPaths, Qt, QUrl, Signal, Slot
+from PySide6.QtCore import QSize, QStandardPaths, Qt, QUrl, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QSplitter,
                                QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
 from aural.engine.errors import AuralError
 from aural.engine.tokenizer import LANGUAGES
+from aural.engine.writers import merge_fragments
 
 from .export import save_transcript
 from .jobs import FileJob
-from .services import Catalog, FileQueue, LiveSession, ModelService
+from .services import Catalog, FileQueue, LiveSession, ModelService, stop_threads
 from .settings import Key, Settings
+from .widgets.about import AboutDialog
 from .widgets.captions import CaptionsView
 from .widgets.controls import ControlBar
 from .widgets.file_queue import FileQueueView
@@ -30,6 +32,7 @@ from .widgets.metrics import MetricsPanel
 from .widgets.preferences import PreferencesDialog, transcribe_options
 from .widgets.presentation import CaptionWindow
 from .widgets.restore_bar import RestoreBar
+from .workers import DoctorWorker, start_worker
 
 __all__ = ["MainWindow"]
 
@@ -40,6 +43,10 @@ _FILTERS = {"txt": "Text (*.txt)", "srt": "SubRip subtitles (*.srt)", "vtt": "We
 _ERROR_MARK = "⚠"
 _OPEN_FILTER = ("Audio and video (*.wav *.flac *.mp3 *.ogg *.opus *.m4a *.aac *.wma *.mp4 *.mkv *.webm *.mov "
                 "*.avi);;All files (*)")
+_MODEL_FILTER = "Whisper models (*.gguf *.bin);;All files (*)"
+_RECENT_LIMIT = 10
+# Below this the control bar's pickers and the caption actions no longer fit side by side.
+_MIN_SIZE = QSize(720, 440)
 
 
 def _local_files(urls: list[QUrl]) -> list[str]:
@@ -58,6 +65,7 @@ class MainWindow(QMainWindow):
         self.models = models
         self.files = files
         self.live = live
+        self._catalog = catalog
         self._shown_job: FileJob | None = None
         self._offers: list = []  # journal.Session: unclosed sessions still to offer, oldest first
         self._started_at: float | None = None  # Start (or model ready, if Start waited), until the first partial
@@ -90,6 +98,7 @@ class MainWindow(QMainWindow):
         files.setStretchFactor(1, 3)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
+        self.metrics.setVisible(self._metrics_action.isChecked())
         self.live_pane = live
         self.live_tab = self.tabs.addTab(live, "Live captions")
         # Space toggles too, but only on the Live tab (the file list and the transcript table use Space
@@ -104,6 +113,7 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.controls)
         layout.addWidget(self.tabs, 1)
         self.setCentralWidget(central)
+        self.setMinimumSize(_MIN_SIZE.expandedTo(self.minimumSizeHint()))
         self.model_status = QLabel()
         self.model_status.setObjectName("modelStatus")
         self.statusBar().addPermanentWidget(self.model_status)
@@ -124,6 +134,7 @@ class MainWindow(QMainWindow):
             bar.addWidget(self._tool_button(action))
         bar.addWidget(save)
         bar.addStretch(1)
+        bar.addWidget(self._tool_button(self._metrics_action))
         bar.addWidget(self._tool_button(self._present_action))
         pane = QWidget()
         layout = QVBoxLayout(pane)
@@ -143,6 +154,12 @@ class MainWindow(QMainWindow):
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
         self._action(file_menu, "&Open audio or video…", self.open_files, QKeySequence.StandardKey.Open)
+        self._recent_menu = file_menu.addMenu("Open &recent")
+        self._recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        file_menu.addSeparator()
+        self._action(file_menu, "Open &model file…", self.open_model_file, "Ctrl+Shift+O")
+        self._action(file_menu, "Open model &folder…", self.open_model_folder)
+        file_menu.addSeparator()
         self._export_menu = file_menu.addMenu("&Export captions as")
         for fmt in EXPORT_FORMATS:
             self._action(self._export_menu, fmt.upper(), lambda _=False, f=fmt: self._ask_export_captions(f))
@@ -158,7 +175,13 @@ class MainWindow(QMainWindow):
         live = self.menuBar().addMenu("&Live")
         self._action(live, "&Start / Stop", self.toggle_live, "Ctrl+R")
         view = self.menuBar().addMenu("&View")
+        self._metrics_action = self._action(view, "&Metrics panel", self.show_metrics, "Ctrl+M")
+        self._metrics_action.setCheckable(True)
+        self._metrics_action.setChecked(self._settings.get(Key.METRICS_SHOWN))
+        self._metrics_action.setToolTip("Show or hide the speed and decoder metrics (Ctrl+M)")
         self._present_action = self._action(view, "&Caption window", self.show_caption_window, "Ctrl+Shift+P")
+        help_menu = self.menuBar().addMenu("&Help")
+        self._action(help_menu, "&About Aural", self.show_about)
 
     def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
         action = menu.addAction(text)
@@ -173,7 +196,7 @@ class MainWindow(QMainWindow):
         c.device_changed.connect(lambda name: self._settings.set(Key.INPUT_DEVICE, name))
         c.model_changed.connect(self._pick_model)
         c.language_changed.connect(lambda code: self._settings.set(Key.LANGUAGE, code))
-        c.kv_mode_changed.connect(lambda mode: self._settings.set(Key.KV_MODE, mode))
+        self.metrics.kv_mode_changed.connect(lambda mode: self._settings.set(Key.KV_MODE, mode))
         self.models.loading.connect(lambda spec: self.model_status.setText(f"Loading {spec}…"))
         self.models.ready.connect(self._on_model_ready)
         self.models.failed.connect(self._on_model_failed)
@@ -206,7 +229,7 @@ class MainWindow(QMainWindow):
         self.controls.set_devices(devices, s.get(Key.INPUT_DEVICE))
         self.controls.set_models(catalog.models(), s.get(Key.MODEL))
         self.controls.set_language(s.get(Key.LANGUAGE))
-        self.controls.set_kv_mode(s.get(Key.KV_MODE))
+        self.metrics.set_kv_mode(s.get(Key.KV_MODE))
         self.controls.set_multilingual(False)  # until a model is loaded
 
     # -- live captions --
@@ -274,11 +297,12 @@ class MainWindow(QMainWindow):
     def undo_clear(self) -> None:
         if not self.live.can_undo_clear:
             return
-        text = " ".join(segment.text for segment in self.live.undo_clear())
+        segments = self.live.undo_clear()
         self.captions.clear_captions()
         self.caption_window.clear_captions()
-        self.captions.append_commit(text)
-        self.caption_window.append_commit(text)
+        for segment in segments:
+            self.captions.append_commit(segment.text, segment.spaced)
+            self.caption_window.append_commit(segment.text, segment.spaced)
         self._undo_clear_action.setEnabled(False)
         self.statusBar().showMessage("Captions restored.", 5000)
 
@@ -286,13 +310,50 @@ class MainWindow(QMainWindow):
     def show_preferences(self) -> PreferencesDialog:
         """Opens the Preferences (modeless, so the captions go on); OK applies them: files added from then
         on are decoded with the new options, the caption window takes its look at once."""
-        dialog = PreferencesDialog(self._settings, self)
-        dialog.accepted.connect(self._apply_caption_settings)
+        dialog = PreferencesDialog(self._settings, self, models=self._combo_items(self.controls.model_combo),
+                                   inputs=self._combo_items(self.controls.device_combo))
+        dialog.accepted.connect(self._apply_preferences)
         dialog.open()
         return dialog
 
+    @staticmethod
+    def _combo_items(combo) -> list[tuple[str, str]]:
+        """A picker's selectable (label, value) pairs."""
+        items = combo.model()
+        return [(combo.itemText(i), combo.itemData(i)) for i in range(combo.count())
+                if combo.itemData(i) and items.item(i).isEnabled()]
+
+    def _apply_preferences(self) -> None:
+        s = self._settings
+        self._apply_caption_settings()
+        if not self.live.running:  # the pickers are locked while captioning; the next launch takes them
+            self.controls.select_device(s.get(Key.INPUT_DEVICE))
+            if s.get(Key.MODEL) != self.controls.model_combo.currentData():
+                self._pick_model(s.get(Key.MODEL))
+                self.controls.set_models(self._catalog.models(), s.get(Key.MODEL))
+
     def _apply_caption_settings(self) -> None:
-        self.caption_window.set_look(self._settings.get(Key.CAPTION_FONT_PX), self._settings.get(Key.CAPTION_ON_TOP))
+        s = self._settings
+        self.caption_window.set_look(s.get(Key.CAPTION_FONT_PX), s.get(Key.CAPTION_ON_TOP),
+                                     s.get(Key.CAPTION_TEXT_COLOR), s.get(Key.CAPTION_BACKGROUND))
+
+    @Slot(bool)
+    def show_metrics(self, shown: bool) -> None:
+        """Shows or collapses the metrics panel; the captions take the whole pane when it is collapsed."""
+        self._metrics_action.setChecked(shown)
+        self.metrics.setVisible(shown)
+        self._settings.set(Key.METRICS_SHOWN, shown)
+
+    @Slot()
+    def show_about(self) -> AboutDialog:
+        """Help → About; the system report fills in when its worker (about a second) is done."""
+        dialog = AboutDialog(self._catalog.models(), self)
+        worker = DoctorWorker()
+        worker.reported.connect(dialog.set_report)
+        worker.failed.connect(lambda message: dialog.set_report(f"The system report failed: {message}"))
+        start_worker(worker, self)
+        dialog.open()
+        return dialog
 
     @Slot()
     def show_caption_window(self) -> None:
@@ -352,6 +413,23 @@ class MainWindow(QMainWindow):
         self._settings.set(Key.MODEL, spec)
         self.models.load(spec)
 
+    @Slot()
+    def open_model_file(self) -> None:
+        """A .gguf or a whisper.cpp ggml .bin; converted (once, cached) and loaded for live and files."""
+        path, _ = QFileDialog.getOpenFileName(self, "Open a Whisper model", "", _MODEL_FILTER)
+        self.open_model(path)
+
+    @Slot()
+    def open_model_folder(self) -> None:
+        """A CTranslate2 or Hugging Face Whisper model directory."""
+        self.open_model(QFileDialog.getExistingDirectory(self, "Open a Whisper model folder"))
+
+    def open_model(self, path: str) -> None:
+        if not path:
+            return
+        self._pick_model(path)
+        self.controls.set_models(self._catalog.models(), path)
+
     def _on_model_ready(self, model) -> None:
         if self._started_at is not None:  # a Start that waited for the model: time it from now
             self._started_at = time.monotonic()
@@ -359,6 +437,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Ready: {model.name} loaded.", 5000)
         self.model_status.setText(f"{model.name} · {model.backend}/{model.device} · loaded in {model.load_s:.1f} s")
         self.controls.set_multilingual(model.multilingual)
+        # The first load converts the model: the picker says so until it is listed again.
+        self.controls.set_models(self._catalog.models(), self._settings.get(Key.MODEL))
 
     def _on_model_failed(self, message: str) -> None:
         model = self.models.model
@@ -377,10 +457,29 @@ class MainWindow(QMainWindow):
             return
         jobs = self.files.add(paths, self._language(), self._settings.get(Key.KV_MODE),
                               transcribe_options(self._settings))
+        self._remember(paths)
         self.tabs.setCurrentIndex(self.files_tab)
         if self.models.model is None:
             self.statusBar().showMessage("Files wait for the model to load…")
         self.queue.setCurrentItem(self.queue.topLevelItem(self.queue.topLevelItemCount() - len(jobs)))
+
+    def _remember(self, paths: list[str]) -> None:
+        added = [str(Path(p).resolve()) for p in reversed(paths)]
+        kept = [p for p in self._settings.get(Key.RECENT_FILES) if p not in added]
+        self._settings.set(Key.RECENT_FILES, (added + kept)[:_RECENT_LIMIT])
+
+    def _fill_recent_menu(self) -> None:
+        """Built each time it opens: files deleted since are left out."""
+        menu = self._recent_menu
+        menu.clear()
+        recent = [p for p in self._settings.get(Key.RECENT_FILES) if Path(p).is_file()]
+        for path in recent:
+            menu.addAction(Path(path).name, lambda p=path: self.add_files([p])).setToolTip(path)
+        if not recent:
+            menu.addAction("No recent files").setEnabled(False)
+            return
+        menu.addSeparator()
+        menu.addAction("Clear the list", lambda: self._settings.set(Key.RECENT_FILES, []))
 
     def show_job(self, job: FileJob) -> None:
         self._shown_job = job
@@ -434,7 +533,9 @@ class MainWindow(QMainWindow):
             self.export_job(job, fmt, path)
 
     def export_captions(self, fmt: str, path: str | Path) -> Path | None:
-        return self._save(path, fmt, self.live.transcript)
+        """Live commits are a few words each: they are merged into readable cues (whole sentences, two
+        lines at most) before they are written."""
+        return self._save(path, fmt, merge_fragments(self.live.transcript))
 
     def export_job(self, job: FileJob, fmt: str, path: str | Path) -> Path | None:
         return self._save(path, fmt, job.segments, job.info, job.timings)
@@ -465,5 +566,6 @@ class MainWindow(QMainWindow):
         self._settings.set(Key.GEOMETRY, self.saveGeometry())
         self._settings.sync()
         self.caption_window.close()
+        stop_threads(self)  # a system report still being gathered for Help → About
         self.closing.emit()
         super().closeEvent(event)

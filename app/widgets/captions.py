@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Slot
-from PySide6.QtGui import QColor, QPalette, QTextCharFormat, QTextCursor
+from PySide6.QtCore import Qt, Slot
+from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPalette, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QTextEdit
 
-__all__ = ["CaptionsView"]
+__all__ = ["EMPTY_HINT", "HINT_FLAGS", "CaptionsView"]
+
+EMPTY_HINT = "Press Start (Ctrl+R) to caption the microphone, or drop audio files here."
+# QTextEdit's own placeholder is drawn on one line and cut off in a narrow pane: this one wraps.
+HINT_FLAGS = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop | Qt.TextFlag.TextWordWrap
 
 # How close to the bottom (pixels) still counts as "following the captions".
 _FOLLOW_SLACK_PX = 4
@@ -21,7 +25,6 @@ class CaptionsView(QTextEdit):
         self.setObjectName("captions")
         self.setReadOnly(True)
         self.setAcceptDrops(False)  # files dropped here go to the window's queue, not into the text
-        self.setPlaceholderText("Press Start (Ctrl+R) to caption the microphone, or drop audio files here.")
         self._partial_at = 0  # document position where the tentative tail begins
         self._partial = ""
         self._partial_spaced = True
@@ -61,6 +64,18 @@ class CaptionsView(QTextEdit):
         self._partial_at = 0
         self.clear()
         self._follow = True
+
+    def hint_rect(self):
+        """Where the empty-state hint is drawn: the text area, inside the document's margin."""
+        margin = round(self.document().documentMargin())
+        return self.viewport().rect().adjusted(margin, margin, -margin, -margin)
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        super().paintEvent(event)
+        if self.document().isEmpty():
+            painter = QPainter(self.viewport())
+            painter.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
+            painter.drawText(self.hint_rect(), HINT_FLAGS, EMPTY_HINT)
 
     def _replace_tail(self, text: str, *, dimmed: bool, spaced: bool) -> None:
         cursor = QTextCursor(self.document())

@@ -1,4 +1,4 @@
-"""The control bar: Start/Stop, input device with its level meter, model, language and KV mode."""
+"""The control bar: Start/Stop, input device with its level meter, model and language."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from aural.engine.tokenizer import LANGUAGES
 from .level_meter import LevelMeter
 
 __all__ = ["ControlBar", "model_label"]
-
-KV_MODES = {"device": "KV on device", "host": "KV on host (baseline)"}
 
 
 def model_label(entry) -> tuple[str, bool]:
@@ -29,7 +27,6 @@ class ControlBar(QWidget):
     device_changed = Signal(str)  # device name
     model_changed = Signal(str)  # model spec
     language_changed = Signal(str)  # code; "" to detect
-    kv_mode_changed = Signal(str)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -45,11 +42,7 @@ class ControlBar(QWidget):
                                        lambda: self.model_changed.emit(self.model_combo.currentData()))
         self.language_combo = self._combo("Spoken language (multilingual models only)", 10,
                                           lambda: self.language_changed.emit(self.language_combo.currentData()))
-        self.kv_combo = self._combo("Where the decoder's KV cache lives; applies from the next Start or file", 11,
-                                    lambda: self.kv_mode_changed.emit(self.kv_combo.currentData()))
         self._fill_languages()
-        for mode, label in KV_MODES.items():
-            self.kv_combo.addItem(label, mode)
         self._layout()
 
     def _combo(self, tooltip: str, chars: int, on_pick) -> QComboBox:
@@ -68,14 +61,14 @@ class ControlBar(QWidget):
         grid.setVerticalSpacing(2)
         grid.addWidget(self.start_button, 0, 0, 2, 1)
         for column, (label, widget) in enumerate(
-                (("Input", self.device_combo), ("Model", self.model_combo), ("Language", self.language_combo),
-                 ("Decoder", self.kv_combo)), start=1):
+                (("Input", self.device_combo), ("Model", self.model_combo), ("Language", self.language_combo)),
+                start=1):
             caption = QLabel(label)
             caption.setObjectName("fieldLabel")
             grid.addWidget(caption, 0, column)
             grid.addWidget(widget, 1, column)
         grid.addWidget(self.level_meter, 2, 1)
-        for column, stretch in ((1, 3), (2, 3), (3, 2), (4, 2)):
+        for column, stretch in ((1, 3), (2, 3), (3, 2)):
             grid.setColumnStretch(column, stretch)
 
     def _fill_languages(self) -> None:
@@ -103,6 +96,13 @@ class ControlBar(QWidget):
         index = self.device_combo.findData(selected)
         self.device_combo.setCurrentIndex(index if index >= 0 else self.device_combo.findData(default))
 
+    @Slot(str)
+    def select_device(self, name: str) -> None:
+        """Shows the input called `name` as current, if it is listed."""
+        index = self.device_combo.findData(name)
+        if index >= 0:
+            self.device_combo.setCurrentIndex(index)
+
     @Slot(list, str)
     def set_models(self, entries: list, selected: str) -> None:
         """`models.ModelEntry`s; `selected` is the spec to show as current (added if it is a path)."""
@@ -123,10 +123,6 @@ class ControlBar(QWidget):
     @Slot(bool)
     def set_multilingual(self, multilingual: bool) -> None:
         self.language_combo.setEnabled(multilingual)
-
-    @Slot(str)
-    def set_kv_mode(self, mode: str) -> None:
-        self.kv_combo.setCurrentIndex(max(0, self.kv_combo.findData(mode)))
 
     @Slot(bool)
     def set_running(self, running: bool) -> None:

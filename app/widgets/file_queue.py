@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QKeyEvent, QKeySequence, QPainter, QPaintEvent, QPalette
 from PySide6.QtWidgets import (QAbstractItemView, QHeaderView, QProgressBar, QPushButton, QTreeWidget,
                                QTreeWidgetItem, QWidget)
 
 from ..jobs import FileJob, JobStatus
 
-__all__ = ["FileQueueView", "format_duration"]
+__all__ = ["EMPTY_HINT", "FileQueueView", "format_duration"]
 
 _FILE, _STATUS, _PROGRESS, _ETA, _RTF, _CANCEL = range(6)
 _HEADERS = ("File", "Status", "Progress", "ETA", "RTF", "")
+EMPTY_HINT = "Drop audio or video files here, or use File → Open (Ctrl+O)."
+# Drawn word-wrapped and centred in the empty list, so a narrow window still shows all of it.
+HINT_FLAGS = Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap
+_CANCEL_KEYS = (Qt.Key.Key_Delete, Qt.Key.Key_Backspace)
 
 
 def format_duration(seconds: float | None) -> str:
@@ -24,7 +29,8 @@ def format_duration(seconds: float | None) -> str:
 
 
 class FileQueueView(QTreeWidget):
-    """Rows keyed by job id; selecting a row asks for that file's result."""
+    """Rows keyed by job id; selecting a row asks for that file's result. Delete (or Backspace) cancels
+    the selected file, as its Cancel button does, so the keyboard reaches every action."""
 
     cancel_requested = Signal(int)  # job id
     job_selected = Signal(int)  # job id
@@ -70,6 +76,7 @@ class FileQueueView(QTreeWidget):
         self.setItemWidget(item, _PROGRESS, bar)
         cancel = QPushButton("Cancel")
         cancel.setObjectName("cancelJob")
+        cancel.setToolTip(f"Cancel this file ({QKeySequence(Qt.Key.Key_Delete).toString()} on the selected row)")
         cancel.clicked.connect(lambda: self.cancel_requested.emit(job.id))
         self.setItemWidget(item, _CANCEL, cancel)
         self.update_job(job)
@@ -90,6 +97,23 @@ class FileQueueView(QTreeWidget):
         self.itemWidget(item, _CANCEL).setEnabled(job.status in (JobStatus.QUEUED, JobStatus.RUNNING))
         if job.status is JobStatus.RUNNING and not self._ticker.isActive():
             self._ticker.start()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        item = self.currentItem()
+        if event.key() in _CANCEL_KEYS and item is not None:
+            job_id = item.data(_FILE, Qt.ItemDataRole.UserRole)
+            if self.cancel_button(job_id).isEnabled():
+                self.cancel_requested.emit(job_id)
+            event.accept()
+            return
+        super().keyPressEvent(event)
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        super().paintEvent(event)
+        if self.topLevelItemCount() == 0:
+            painter = QPainter(self.viewport())
+            painter.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
+            painter.drawText(self.viewport().rect().adjusted(12, 12, -12, -12), HINT_FLAGS, EMPTY_HINT)
 
     def _tick(self) -> None:
         running = [job for job in self._jobs.values() if job.status is JobStatus.RUNNING]

@@ -25,7 +25,7 @@ class FileResultView(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("fileResult")
-        self._summary = QLabel("Drop audio or video files on the window, or use File → Open.")
+        self._summary = QLabel("Select a file in the list to see its transcript.")
         self._summary.setObjectName("resultSummary")
         self._summary.setWordWrap(True)
         self._selected = QLabel("")

@@ -1,4 +1,5 @@
-"""The live metrics panel: speed, per-token decoder costs with a small plot, KV arena, latency, backend."""
+"""The live metrics panel: speed, per-token decoder costs with a small plot, KV arena, latency, backend,
+and the engine A/B switch whose effect it shows (the decoder's KV cache on the device or on the host)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ from collections import deque
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Slot
-from PySide6.QtWidgets import QFormLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import Signal, Slot
+from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QVBoxLayout, QWidget
 
-__all__ = ["MetricsPanel", "PLOT_TOKENS"]
+__all__ = ["KV_MODES", "MetricsPanel", "PLOT_TOKENS"]
+
+KV_MODES = {"device": "on the device (resident)", "host": "on the host (baseline)"}
 
 PLOT_TOKENS = 300  # decoder calls shown in the plot
 _COMPUTE_PEN = pg.mkPen("#4ea8de", width=2)
@@ -21,7 +24,8 @@ _ROWS = {
     "encoder": ("Encoder per step", lambda m: f"{m.encoder_ms:.0f} ms"),
     "decode": ("Decode per token", lambda m: f"{m.decode_ms_per_token:.2f} ms"),
     "split": ("  compute · KV/IO", lambda m: f"{m.compute_ms_per_token:.2f} · {m.kv_io_ms_per_token:.2f} ms"),
-    "kv": ("KV arena fill", lambda m: f"{m.kv_tokens} tokens · {m.kv_mib:.2f} MiB"),
+    "kv": ("KV arena fill", lambda m: f"{m.kv_tokens} / {m.kv_capacity_tokens} tokens · "
+                                      f"{m.kv_mib:.2f} of {m.kv_capacity_mib:.1f} MiB"),
     "graphs": ("Decoder graphs", lambda m: f"{m.graph_reuses} reused · {m.graph_builds} built"),
     "latency": ("First partial · commit lag",
                 lambda m: f"{_seconds(m.first_partial_s)} · {_seconds(m.commit_lag_s)}"),
@@ -37,11 +41,20 @@ def _seconds(value: float | None) -> str:
 class MetricsPanel(QWidget):
     """Shows the latest streaming `Metrics`; the plot spreads each step's per-token means over its tokens."""
 
+    kv_mode_changed = Signal(str)  # a key of KV_MODES, picked by the user
+
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("metricsPanel")
         form = QFormLayout()
         form.setContentsMargins(0, 0, 0, 0)
+        self.kv_combo = QComboBox()
+        self.kv_combo.setToolTip("Where the decoder keeps its KV cache; the host round-trip is the measured "
+                                 "baseline. Applies from the next Start or file.")
+        for mode, label in KV_MODES.items():
+            self.kv_combo.addItem(label, mode)
+        self.kv_combo.activated.connect(lambda _index: self.kv_mode_changed.emit(self.kv_combo.currentData()))
+        form.addRow("Decoder KV cache", self.kv_combo)
         self._values: dict[str, QLabel] = {}
         for key, (label, _) in _ROWS.items():
             value = QLabel("—")
@@ -69,6 +82,10 @@ class MetricsPanel(QWidget):
         layout.addWidget(self._fallback)
         layout.addLayout(form)
         layout.addWidget(self._plot, 1)
+
+    @Slot(str)
+    def set_kv_mode(self, mode: str) -> None:
+        self.kv_combo.setCurrentIndex(max(0, self.kv_combo.findData(mode)))
 
     def value_text(self, key: str) -> str:
         return self._values[key].text()

@@ -1,21 +1,23 @@
-"""Preferences: the file decoding options the CLI has, and the caption window's look; QSettings-backed.
+"""Preferences: the model and default input, the file decoding options the CLI has, and the caption
+window's look; QSettings-backed.
 
-    dialog = PreferencesDialog(settings, parent=window)
+    dialog = PreferencesDialog(settings, models=[(label, spec)], inputs=[(label, name)], parent=window)
     if dialog.exec():           # OK wrote every field to `settings`
         options = transcribe_options(settings)
 """
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QLineEdit, QSpinBox,
-                               QVBoxLayout, QWidget)
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (QCheckBox, QColorDialog, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox,
+                               QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from aural.engine.runtime import MAX_SEQUENCES
 from aural.engine.transcribe import TranscribeOptions
 
 from ..settings import Key, Settings
 
-__all__ = ["PreferencesDialog", "transcribe_options"]
+__all__ = ["ColorButton", "PreferencesDialog", "transcribe_options"]
 
 
 def transcribe_options(settings: Settings) -> TranscribeOptions:
@@ -31,14 +33,63 @@ def transcribe_options(settings: Settings) -> TranscribeOptions:
     )
 
 
-class PreferencesDialog(QDialog):
-    """Edits the settings; OK stores them, Cancel leaves them as they were."""
+class ColorButton(QPushButton):
+    """A button showing a colour; clicking it opens the colour picker."""
 
-    def __init__(self, settings: Settings, parent: QWidget | None = None):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._color = "#000000"
+        self.clicked.connect(self._pick)
+
+    def color(self) -> str:
+        return self._color
+
+    def set_color(self, color: str) -> None:
+        self._color = QColor(color).name()
+        self.setText(self._color)
+        self.setStyleSheet(f"background: {self._color}; color: {_readable_on(self._color)};")
+
+    def _pick(self) -> None:
+        picked = QColorDialog.getColor(QColor(self._color), self, "Caption colour")
+        if picked.isValid():
+            self.set_color(picked.name())
+
+
+def _readable_on(background: str) -> str:
+    return "#000000" if QColor(background).lightnessF() > 0.5 else "#ffffff"
+
+
+def _choice(entries: list[tuple[str, str]], tooltip: str) -> QComboBox:
+    combo = QComboBox()
+    combo.setToolTip(tooltip)
+    for label, value in entries:
+        combo.addItem(label, value)
+    return combo
+
+
+def _select(combo: QComboBox, value: str) -> None:
+    index = combo.findData(value)
+    if index < 0 and value:  # a model file or an input that is not listed now: keep it
+        combo.addItem(value, value)
+        index = combo.count() - 1
+    combo.setCurrentIndex(max(0, index))
+
+
+class PreferencesDialog(QDialog):
+    """Edits the settings; OK stores them, Cancel leaves them as they were.
+
+    `models` and `inputs` are (label, value) pairs, as the main window's pickers show them.
+    """
+
+    def __init__(self, settings: Settings, parent: QWidget | None = None, *,
+                 models: list[tuple[str, str]] = (), inputs: list[tuple[str, str]] = ()):
         super().__init__(parent)
         self.setObjectName("preferences")
         self.setWindowTitle("Preferences")
         self._settings = settings
+        self.model = _choice(list(models), "The model loaded at launch, for live captions and files")
+        self.input = _choice([("System default input", "")] + list(inputs),
+                             "The microphone or system audio that live captions listen to")
         self.beam_size = QSpinBox(minimum=1, maximum=MAX_SEQUENCES)
         self.beam_size.setToolTip("Beams of beam search; 1 decodes greedily (faster, a little less accurate)")
         self.word_timestamps = QCheckBox("Word timestamps")
@@ -48,6 +99,12 @@ class PreferencesDialog(QDialog):
         self.translate = QCheckBox("Translate to English (multilingual models)")
         self.font_px = QSpinBox(minimum=0, maximum=400, suffix=" px", specialValueText="follows the window")
         self.on_top = QCheckBox("Always on top")
+        self.text_color = ColorButton()
+        self.background = ColorButton()
+        general = QGroupBox("General")
+        form = QFormLayout(general)
+        form.addRow("Model", self.model)
+        form.addRow("Default input", self.input)
         decoding = QGroupBox("Transcribing files")
         form = QFormLayout(decoding)
         form.addRow("Beam size", self.beam_size)
@@ -59,25 +116,33 @@ class PreferencesDialog(QDialog):
         captions = QGroupBox("Caption window")
         form = QFormLayout(captions)
         form.addRow("Font size", self.font_px)
+        form.addRow("Text colour", self.text_color)
+        form.addRow("Background", self.background)
         form.addRow("", self.on_top)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
+        layout.addWidget(general)
         layout.addWidget(decoding)
         layout.addWidget(captions)
         layout.addWidget(buttons)
         self._load()
 
     def _fields(self):
-        return ((Key.BEAM_SIZE, self.beam_size.value, self.beam_size.setValue),
+        return ((Key.MODEL, lambda: self.model.currentData() or self._settings.get(Key.MODEL),
+                 lambda spec: _select(self.model, spec)),
+                (Key.INPUT_DEVICE, lambda: self.input.currentData() or "", lambda name: _select(self.input, name)),
+                (Key.BEAM_SIZE, self.beam_size.value, self.beam_size.setValue),
                 (Key.WORD_TIMESTAMPS, self.word_timestamps.isChecked, self.word_timestamps.setChecked),
                 (Key.VAD_FILTER, self.vad_filter.isChecked, self.vad_filter.setChecked),
                 (Key.HOTWORDS, self.hotwords.text, self.hotwords.setText),
                 (Key.INITIAL_PROMPT, self.initial_prompt.text, self.initial_prompt.setText),
                 (Key.TRANSLATE, self.translate.isChecked, self.translate.setChecked),
                 (Key.CAPTION_FONT_PX, self.font_px.value, self.font_px.setValue),
-                (Key.CAPTION_ON_TOP, self.on_top.isChecked, self.on_top.setChecked))
+                (Key.CAPTION_ON_TOP, self.on_top.isChecked, self.on_top.setChecked),
+                (Key.CAPTION_TEXT_COLOR, self.text_color.color, self.text_color.set_color),
+                (Key.CAPTION_BACKGROUND, self.background.color, self.background.set_color))
 
     def _load(self) -> None:
         for key, _read, write in self._fields():

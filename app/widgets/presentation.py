@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import Qt, Slot
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtGui import QColor, QResizeEvent
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 __all__ = ["CaptionWindow"]
@@ -16,6 +16,8 @@ _TAIL_CHARS = 180
 # Font height as a share of the window height, so resizing the window scales the captions.
 _FONT_SHARE = 0.11
 _MIN_FONT_PX = 18
+# The tentative tail's colour: this share of the way from the background to the text colour.
+_TAIL_SHARE = 0.6
 
 
 def _tail(text: str, limit: int) -> str:
@@ -39,6 +41,7 @@ class CaptionWindow(QWidget):
         self._partial = ""
         self._partial_spaced = True
         self._font_px = 0
+        self._tail_color = "#9aa4b2"
         self._label = QLabel(self)
         self._label.setObjectName("captionText")
         self._label.setWordWrap(True)
@@ -69,11 +72,15 @@ class CaptionWindow(QWidget):
         self._committed = self._partial = ""
         self._render()
 
-    def set_look(self, font_px: int, on_top: bool) -> None:
-        """A fixed font size in pixels (0: a share of the window's height) and whether the window stays
-        above the others (for captions over a video call or a slide show)."""
+    def set_look(self, font_px: int, on_top: bool, text_color: str = "#ffffff",
+                 background: str = "#07090c") -> None:
+        """A fixed font size in pixels (0: a share of the window's height), whether the window stays
+        above the others (for captions over a video call or a slide show) and its colours (`#rrggbb`)."""
         self._font_px = font_px
         self._fit_font(self.height())
+        self.setStyleSheet(f"#captionWindow {{ background: {background}; }} #captionText {{ color: {text_color}; }}")
+        self._tail_color = _mix(QColor(background), QColor(text_color), _TAIL_SHARE)
+        self._render()
         shown = self.isVisible()
         self.setWindowFlag(Qt.WindowType.WindowStaysOnTopHint, on_top)
         if shown:
@@ -90,6 +97,12 @@ class CaptionWindow(QWidget):
 
     def _render(self) -> None:
         separator = " " if self._partial_spaced and self._committed else ""
-        partial = (f'{separator}<span style="color:#9aa4b2">{html.escape(self._partial)}</span>'
+        partial = (f'{separator}<span style="color:{self._tail_color}">{html.escape(self._partial)}</span>'
                    if self._partial else "")
         self._label.setText(f"{html.escape(self._committed)}{partial}")
+
+
+def _mix(a: QColor, b: QColor, share: float) -> str:
+    """The colour `share` of the way from `a` to `b`, as `#rrggbb`."""
+    mixed = [round(x + (y - x) * share) for x, y in zip(a.getRgb()[:3], b.getRgb()[:3])]
+    return QColor(*mixed).name()

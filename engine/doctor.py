@@ -1,0 +1,160 @@
+"""`aural doctor`: what Aural can use on this machine (CPU level, ggml devices, packages, audio input, model).
+
+    print(format_report(report()))      # the CLI's text; json.dumps(report()) for --json
+
+Used by the CLI and by the app's Help → About. It imports the native engine and probes the audio input,
+which take up to a second: the app calls it off the GUI thread. No Qt.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+from typing import Any
+
+from . import __version__, cpu
+
+__all__ = ["format_report", "report"]
+
+
+def report() -> dict[str, Any]:
+    """What Aural can use on this machine (the `aural doctor --json` object); never raises for a missing
+    package, library or device: each is reported as unavailable."""
+    report: dict[str, Any] = {
+        "aural": __version__,
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "platform": platform.platform(),
+    }
+    report.update(_native_report())
+    report["packages"] = {name: _package_status(module) for name, module in _DOCTOR_PACKAGES.items()}
+    report["audio_input"] = _audio_input_status()
+    report["model"] = _model_status()
+    return report
+
+
+# name shown -> module imported; PySide6.QtWidgets rather than PySide6 because it is the import that
+# needs Qt's shared libraries (libGL, libEGL), which is what fails on a bare system.
+_DOCTOR_PACKAGES = {"numpy": "numpy", "av": "av", "PySide6": "PySide6.QtWidgets", "sounddevice": "sounddevice"}
+
+
+def _native_report() -> dict[str, Any]:
+    try:
+        from aural import _native
+    except ImportError as exc:
+        return {"native": {"available": False, "error": str(exc)}, "devices": []}
+    level = cpu.configure()  # before the first device query: it picks the CPU variant ggml loads
+    devices = [{**d, "weight_types": list(_native.supported_weight_types(d["name"]))} for d in _native.devices()]
+    return {
+        "native": {"available": True, "ggml_version": _native.ggml_version()},
+        "cpu": cpu.cpu_model(),
+        "cpu_level": {"variant": level.variant, "reason": level.reason, "kernel_isa": level.kernel_isa,
+                      "runnable": list(level.runnable), "extra_buffers": level.bufts, "excluded": list(level.excluded)},
+        "devices": devices,
+        "selected_device": _native.select_device("auto"),
+        "cpu_features": dict(_native.cpu_features()),
+        "cpu_kernels": dict(_native.cpu_kernels()),
+        "default_threads": _native.default_threads(),
+    }
+
+
+def _format_buffers(level: dict[str, Any]) -> str:
+    """Each extra buffer type's probe verdict; AMX is named even where this variant offers none."""
+    probed = level["extra_buffers"]
+    shown = [f"{name}: {verdict}" + ("" if verdict == "ok" else ", not used") for name, verdict in sorted(probed.items())]
+    if "AMX" not in probed:
+        shown.insert(0, "AMX: not offered (this CPU or variant has no AMX)")
+    return "; ".join(shown)
+
+
+def _package_status(module: str) -> dict[str, Any]:
+    """Imports `module` without letting a failure (missing package or system library) escape."""
+    try:
+        imported = importlib.import_module(module)
+    except Exception as exc:  # an OSError from a missing shared library is as telling as an ImportError
+        return {"available": False, "error": f"{type(exc).__name__}: {exc}"}
+    top = sys.modules[module.split(".")[0]]
+    return {"available": True, "version": getattr(top, "__version__", getattr(imported, "__version__", None))}
+
+
+def _audio_input_status() -> dict[str, Any]:
+    try:
+        import sounddevice
+    except ImportError:
+        return {"available": False, "detail": "sounddevice not installed (pip install 'aural[live]')"}
+    except OSError:  # sounddevice raises OSError when it cannot load the PortAudio shared library
+        return {"available": False, "detail": "libportaudio2 missing"}
+    try:
+        device = sounddevice.query_devices(kind="input")
+    except (sounddevice.PortAudioError, ValueError) as exc:
+        return {"available": False, "detail": f"no input device ({exc})"}
+    return {"available": True, "detail": f"{device['name']} ({device['default_samplerate']:.0f} Hz)"}
+
+
+def _model_status() -> dict[str, Any]:
+    """The model used when none is named: where converted models live and which types are converted."""
+    from .models import DEFAULT_MODEL, cache_dir, list_models
+
+    (entry,) = (e for e in list_models() if e.name == DEFAULT_MODEL)
+    return {
+        "cache_dir": str(cache_dir()),
+        "default": DEFAULT_MODEL,
+        "installed": entry.installed,
+        "converted": [c.wtype for c in entry.cached],
+    }
+
+
+def _format_kernels(kernels: dict[str, bool]) -> str:
+    """Aural's own CPU kernels this CPU runs; the others fall back to ggml's (README: CPU-only speed-ups)."""
+    names = {"int8_matmul": "int8 matmul (AVX2 / VNNI)", "encoder_attention": "encoder attention"}
+    used = [names.get(k, k) for k, on in kernels.items() if on]
+    return ", ".join(used) if used else "none (ggml's kernels only)"
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """`report()` as aligned text rows and a device table (what `aural doctor` prints)."""
+    python = report["python"]
+    rows = [("aural", report["aural"]), ("python", f"{python['version']} ({python['executable']})"),
+            ("platform", report["platform"])]
+    native = report["native"]
+    if not native["available"]:
+        rows.append(("native engine", f"NOT AVAILABLE: {native['error']}"))
+    else:
+        rows += [
+            ("ggml", native["ggml_version"]),
+            ("cpu", report["cpu"]),
+            ("cpu level", f"{report['cpu_level']['variant']} ({report['cpu_level']['reason']})"),
+            ("cpu variants", "runs " + ", ".join(report["cpu_level"]["runnable"] or ["built-in"])),
+            ("extra buffers", _format_buffers(report["cpu_level"])),
+            ("selected device", report["selected_device"]),
+            ("default threads", str(report["default_threads"])),
+            ("cpu features", " ".join(k if v == "1" else f"{k}={v}" for k, v in report["cpu_features"].items())),
+            ("aural cpu kernels", _format_kernels(report["cpu_kernels"]) + f" (up to {report['cpu_level']['kernel_isa']})"),
+        ]
+    for name, status in report["packages"].items():
+        shown = (status["version"] or "available") if status["available"] else f"missing ({status['error']})"
+        rows.append((name, shown))
+    audio_in = report["audio_input"]
+    rows.append(("audio input", ("" if audio_in["available"] else "unavailable: ") + audio_in["detail"]))
+    model = report["model"]
+    converted = f"converted: {', '.join(model['converted'])}" if model["converted"] else "not converted yet"
+    rows += [("model cache", model["cache_dir"]),
+             ("default model", f"{model['default']} ({converted}{'' if model['installed'] else ', not installed'})")]
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{label:<{width}}  {value}" for label, value in rows]
+    return "\n".join(lines + ["", "devices:", _device_table(report["devices"])])
+
+
+def _device_table(devices: list[dict[str, Any]]) -> str:
+    header = ("NAME", "TYPE", "BACKEND", "FREE", "TOTAL", "WEIGHT TYPES", "DESCRIPTION")
+    rows = [header] + [
+        (d["name"], d["type"], d["backend"], _gib(d["memory_free"]), _gib(d["memory_total"]),
+         " ".join(d["weight_types"]), d["description"])
+        for d in devices
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
