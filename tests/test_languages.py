@@ -235,3 +235,33 @@ def test_the_app_writes_chinese_in_the_script_the_cli_writes(base_model, aishell
     cli = run_cli("-m", "base", str(DATA / AISHELL))
     assert cli.returncode == 0, cli.stderr
     assert "".join(cli.stdout.split()) == "".join(app_text.split())
+
+
+def _synth(tmp_path, name: str, effect: str):
+    """A 16 kHz clip that sox synthesises; -R: the same noise every run."""
+    path = tmp_path / f"{name}.wav"
+    subprocess.run(["sox", "-R", "-n", "-r", "16000", "-c", "1", "-b", "16", str(path), *effect.split()], check=True)
+    return path
+
+
+@needs_base
+def test_base_writes_nothing_into_noise_or_a_fraction_of_a_second(base_model, tmp_path):
+    """Issue #24, bug 10: base wrote "Thanks so much." into 0.2 s and words into noise-only recordings."""
+    for name, effect in (("pink-0.2s", "synth 0.2 pinknoise vol 0.3"), ("pink-20s", "synth 20 pinknoise vol 0.1"),
+                         ("brown-20s", "synth 20 brownnoise vol 0.2"), ("hum-15s", "synth 15 sine 50 vol 0.1")):
+        clip = _synth(tmp_path, name, effect)
+        assert [s.text for s in transcribe(base_model, str(clip))] == [], name
+
+
+@needs_base
+def test_base_places_speech_after_a_noisy_lead_where_it_is(base_model, tmp_path, jfk_wav):
+    """8 s of noise before JFK: the first window must not lose its form to a temperature fallback (its
+    first segment spans 0-17 s, as in faster-whisper, and was sparse by the clock: T=1.0 wrote it without
+    punctuation), and its first word is placed in the speech, not in the noise."""
+    noise = _synth(tmp_path, "lead", "synth 8 pinknoise vol 0.1")
+    clip = tmp_path / "noise-then-jfk.wav"
+    subprocess.run(["sox", str(noise), str(jfk_wav), str(clip)], check=True)
+    segments = list(transcribe(base_model, str(clip), TranscribeOptions(language="en", word_timestamps=True)))
+    assert segments[0].words[0].start >= 8.0 - 1.0  # JFK's first word is at 8.3 s
+    assert segments[0].temperature == 0.0
+    assert "," in "".join(s.text for s in segments) and "country" in segments[-1].text

@@ -279,7 +279,7 @@ def test_fallback_and_silence_rules():
     ts = 50_000  # any timestamp_begin: the rules read tokens relative to it
 
     def fallback(**kw):
-        return _needs_fallback(result(**kw), options, ts)
+        return _needs_fallback(result(**kw), options)
 
     assert not fallback()
     assert fallback(compression_ratio=2.5)  # too repetitive
@@ -290,10 +290,13 @@ def test_fallback_and_silence_rules():
     # the same tokens over 10 s (3.5 a second is read speech's rate), and 18 or 17 tokens over 12 s after a
     # 2 s segment (the bound: 1.5 a second).
     skipped = [ts, *range(11), ts + 1332, ts + 1332]
-    assert fallback(tokens=skipped) and skips_speech(skipped, ts)
-    assert not fallback(tokens=[ts, *range(11), ts + 500])
+    assert skips_speech(skipped, ts) and not fallback(tokens=skipped)  # the run's check, not a fallback rule
+    assert not skips_speech([ts, *range(11), ts + 500], ts)
     assert not skips_speech([ts, 1, 2, ts + 100, ts + 100, *range(18), ts + 700], ts)
     assert skips_speech([ts, 1, 2, ts + 100, ts + 100, *range(17), ts + 700], ts)
+    # Counted in seconds of speech: the same 26.64 s segment over 7 s of speech is slow speech after noise.
+    assert not skips_speech(skipped, ts, lambda start, end: 7.0)
+    assert skips_speech(skipped, ts, lambda start, end: 20.0)
     assert _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.7), options)
     assert not _is_silence(result(avg_logprob=-0.5, no_speech_prob=0.7), options)  # confident text wins
     assert not _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.5), options)
