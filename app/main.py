@@ -1,12 +1,14 @@
 """The composition root: builds the settings and the services and hands them to the main window.
 
 `aural` with no arguments runs `main()`; `python -m aural.app` also takes demo options (see `--help`).
+One app runs per user (`instance`): a later launch hands its files to it and exits.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -16,6 +18,8 @@ from PySide6.QtWidgets import QApplication
 from aural.engine.audio import SAMPLE_RATE
 from aural.engine.capture import InputDevice, ReplaySource
 
+from .devices import DeviceWatcher
+from .instance import NotAnswering, SingleInstance
 from .services import Catalog, FileQueue, LiveSession, ModelService, open_microphone
 from .settings import Key, Settings
 from .theme import apply_theme
@@ -26,20 +30,25 @@ __all__ = ["build_window", "main"]
 
 def build_window(settings: Settings, *, open_source: Callable[[str], object] = open_microphone,
                  catalog: Catalog | None = None) -> MainWindow:
-    """The main window wired to fresh services; starts loading the settings' model at once."""
+    """The main window wired to fresh services; starts loading the settings' model and listing the input
+    devices at once."""
+    catalog = catalog or Catalog()
     models = ModelService()
     files = FileQueue(models)
     live = LiveSession(models, open_source)
-    window = MainWindow(settings, models, files, live, catalog or Catalog())
+    devices = DeviceWatcher(catalog.input_devices, catalog.pactl)
+    window = MainWindow(settings, models, files, live, catalog, devices)
 
     def shutdown() -> None:
         # Live first: it commits its tail while the file worker finishes its window.
         live.shutdown()
         files.shutdown()
         models.shutdown()
+        devices.stop()
 
     window.closing.connect(shutdown)
     models.load(settings.get(Key.MODEL))
+    devices.start()
     return window
 
 
@@ -64,10 +73,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     app.setApplicationName("Aural")
     app.setOrganizationName("Aural")
     app.setDesktopFileName("aural")
+    files = [str(Path(f).absolute()) for f in args.files]  # the running app has its own working folder
+    instance = SingleInstance()
+    try:
+        if not instance.claim(files):
+            print(f"Aural is already running; {'the files were sent to it' if files else 'its window was raised'}.",
+                  file=sys.stderr)
+            return 0
+    except NotAnswering as exc:
+        print(f"aural: error: {exc}", file=sys.stderr)
+        return 1
     apply_theme(app)
     window = build_window(Settings(QSettings()), **_replay(args.replay) if args.replay else {})
+    instance.launched.connect(window.open_launch)
     window.show()
-    window.add_files(args.files)
+    window.add_files(files)
     if args.caption_window:
         window.show_caption_window()
     if args.start:
@@ -78,4 +98,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _replay(path: str) -> dict:
     """build_window arguments that make `path`, played at real-time pace, the only input device."""
     device = InputDevice(-1, f"Replay: {Path(path).name}", SAMPLE_RATE, True)
-    return {"open_source": lambda _device: ReplaySource(path), "catalog": Catalog(input_devices=lambda: [device])}
+    return {"open_source": lambda _device: ReplaySource(path),
+            "catalog": Catalog(input_devices=lambda: [device], pactl="")}

@@ -17,7 +17,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from aural.engine.cancel import StopEvent
-from aural.engine.capture import InputDevice, MicrophoneSource, list_input_devices
+from aural.engine.capture import InputDevice, MicrophoneSource, list_input_devices, portaudio_input_devices
 from aural.engine.journal import Session, SessionJournal, mark_session, prune_sessions, unclosed_sessions
 from aural.engine.metrics import Timings
 from aural.engine.models import ModelEntry, list_models
@@ -34,16 +34,29 @@ __all__ = ["Catalog", "FileQueue", "LiveSession", "ModelService", "open_micropho
 
 @dataclass(frozen=True)
 class Catalog:
-    """What the pickers offer: engine look-ups, injected so that tests can replace them."""
+    """What the pickers offer: engine look-ups, injected so that tests can replace them.
+
+    Attributes:
+        models: the models to offer.
+        input_devices: the PortAudio inputs, offered where `pactl` finds no sound server.
+        pactl: the program that lists and follows the sound server's sources (`devices.DeviceWatcher`);
+            "" to offer `input_devices` only.
+    """
 
     models: Callable[[], list[ModelEntry]] = list_models
-    input_devices: Callable[[], list[InputDevice]] = list_input_devices
+    input_devices: Callable[[], list[InputDevice]] = portaudio_input_devices
+    pactl: str = "pactl"
 
 
 def open_microphone(name: str) -> MicrophoneSource:
-    """The input called `name`; the system default for "" or a device that is gone."""
-    index = next((d.index for d in list_input_devices() if d.name == name), None) if name else None
-    return MicrophoneSource(device=index)
+    """The input called `name` (a sound server's source or a PortAudio device); the system default for ""
+    or a device that is gone. Lists the inputs (runs pactl): call it off the GUI thread, as LiveWorker does."""
+    device = next((d for d in list_input_devices() if d.name == name), None) if name else None
+    if device is None:
+        return MicrophoneSource()
+    if device.is_server_source:
+        return MicrophoneSource(server_source=device.name)
+    return MicrophoneSource(device=device.index)
 
 
 def _for_model(model: WhisperModel, language: str | None) -> str | None:

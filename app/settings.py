@@ -15,7 +15,8 @@ __all__ = ["Key", "Settings"]
 class Key(Enum):
     """Every persisted setting: its QSettings path, Python type and default."""
 
-    INPUT_DEVICE = ("live/input_device", str, "")  # a device name; "" or a missing one: the default input
+    # A sound server's source name (InputDevice.name), else a PortAudio device's; "" or a missing one: the default.
+    INPUT_DEVICE = ("live/input_device", str, "")
     MODEL = ("model/name", str, DEFAULT_MODEL)
     LANGUAGE = ("model/language", str, "")  # "": detect (multilingual models only)
     KV_MODE = ("model/kv_mode", str, "device")

@@ -15,10 +15,10 @@ from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKe
 from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QSplitter,
                                QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
-from aural.engine.errors import AuralError
 from aural.engine.tokenizer import LANGUAGES
 from aural.engine.writers import merge_fragments
 
+from .devices import DeviceWatcher
 from .export import save_transcript
 from .jobs import FileJob
 from .services import Catalog, FileQueue, LiveSession, ModelService, stop_threads
@@ -57,7 +57,7 @@ class MainWindow(QMainWindow):
     closing = Signal()  # the composition root stops the services on it
 
     def __init__(self, settings: Settings, models: ModelService, files: FileQueue, live: LiveSession,
-                 catalog: Catalog):
+                 catalog: Catalog, devices: DeviceWatcher):
         super().__init__()
         self.setWindowTitle("Aural")
         self.setAcceptDrops(True)
@@ -66,6 +66,7 @@ class MainWindow(QMainWindow):
         self.files = files
         self.live = live
         self._catalog = catalog
+        self.devices = devices
         self._shown_job: FileJob | None = None
         self._offers: list = []  # journal.Session: unclosed sessions still to offer, oldest first
         self._started_at: float | None = None  # Start (or model ready, if Start waited), until the first partial
@@ -194,6 +195,9 @@ class MainWindow(QMainWindow):
         c = self.controls
         c.start_stop_requested.connect(self.toggle_live)
         c.device_changed.connect(lambda name: self._settings.set(Key.INPUT_DEVICE, name))
+        c.refresh_devices_requested.connect(self.devices.refresh)
+        self.devices.changed.connect(self._show_devices)
+        self.devices.failed.connect(self.show_error)
         c.model_changed.connect(self._pick_model)
         c.language_changed.connect(lambda code: self._settings.set(Key.LANGUAGE, code))
         self.metrics.kv_mode_changed.connect(lambda mode: self._settings.set(Key.KV_MODE, mode))
@@ -221,16 +225,16 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(s.get(Key.GEOMETRY))
         else:
             self.resize(1180, 740)
-        try:
-            devices = catalog.input_devices()
-        except AuralError as exc:
-            devices = []
-            self.show_error(str(exc))
-        self.controls.set_devices(devices, s.get(Key.INPUT_DEVICE))
         self.controls.set_models(catalog.models(), s.get(Key.MODEL))
         self.controls.set_language(s.get(Key.LANGUAGE))
         self.metrics.set_kv_mode(s.get(Key.KV_MODE))
         self.controls.set_multilingual(False)  # until a model is loaded
+
+    @Slot(list)
+    def _show_devices(self, devices: list) -> None:
+        """A new device list: the input last picked stays picked while it is there (and is picked again when
+        it comes back); else the default input."""
+        self.controls.set_devices(devices, self._settings.get(Key.INPUT_DEVICE))
 
     # -- live captions --
 
@@ -451,6 +455,19 @@ class MainWindow(QMainWindow):
     def open_files(self) -> None:
         paths, _ = QFileDialog.getOpenFileNames(self, "Transcribe files", self._export_dir(), _OPEN_FILTER)
         self.add_files(paths)
+
+    @Slot(list)
+    def open_launch(self, paths: list) -> None:
+        """Another launch of Aural handed its files over (`instance.SingleInstance`): they are queued and
+        this window comes to the front."""
+        self.add_files(paths)
+        self.bring_to_front()
+
+    def bring_to_front(self) -> None:
+        if self.isMinimized():
+            self.showNormal()
+        self.raise_()
+        self.activateWindow()
 
     def add_files(self, paths: list[str]) -> None:
         if not paths:

@@ -1,5 +1,12 @@
 """Live audio input: a microphone through PortAudio, or a file replayed at real-time pace.
 
+The inputs offered are the sound server's sources, listed with `pactl` (pulseaudio-utils; PipeWire's
+pulse server answers it too): Debian's PortAudio has no PulseAudio host API, so through ALSA's pulse
+plugin it sees only "pulse" and "default". A chosen source is captured through that "pulse" device with
+PULSE_SOURCE set while the stream opens: libpulse takes it as the default source of each connection,
+and the plugin opens one per stream. Where pactl is missing or no server answers, the PortAudio
+devices are listed instead.
+
 Both sources share one path: blocks are pushed into a preallocated ring buffer (by PortAudio's callback
 thread for the microphone, by a feeder thread for a replay) and the consumer drains it with `read()`.
 The push only copies and counts drops, so a slow consumer never blocks the audio thread; it loses whole
@@ -13,10 +20,15 @@ sound server PortAudio reports no device; both become a `DeviceError` with a cle
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
+import re
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +36,8 @@ import numpy as np
 from .audio import SAMPLE_RATE, Resampler16k, stream_audio
 from .errors import AudioError, DeviceError
 
-__all__ = ["InputDevice", "list_input_devices", "MicrophoneSource", "ReplaySource"]
+__all__ = ["InputDevice", "PACTL_INFO", "PACTL_SOURCES", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource",
+           "ReplaySource", "parse_server_sources", "portaudio_input_devices", "server_sources"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +47,17 @@ _STALL_S = 5.0
 # Closing a stream waits for the sound server: one that froze never answers (PortAudio's close blocked
 # for good in tests/test_capture.py with the PulseAudio daemon stopped). A healthy close takes a few ms.
 _CLOSE_TIMEOUT_S = 2.0
+# pactl answers in milliseconds; one that takes longer talks to a frozen server.
+_PACTL_TIMEOUT_S = 3.0
+# pactl's arguments for the server's defaults and for its sources, as JSON (pactl 16 and later).
+PACTL_INFO = ("-f", "json", "info")
+PACTL_SOURCES = ("-f", "json", "list", "sources")
+# InputDevice.index of a sound server's source: not a PortAudio device of its own.
+SERVER_SOURCE = -1
+# The PortAudio (ALSA) device that is ALSA's pulse plugin: a server's sources are captured through it.
+_PULSE_DEVICE = "pulse"
+# The environment is the process's: one stream at a time opens with PULSE_SOURCE set.
+_PULSE_SOURCE_LOCK = threading.Lock()
 
 
 def _sounddevice():
@@ -46,22 +70,48 @@ def _sounddevice():
 
 @dataclass(frozen=True)
 class InputDevice:
-    """A capture device as PortAudio lists it.
+    """A capture device: a sound server's source, or a PortAudio device where no server answers.
 
     Attributes:
-        index: PortAudio device index (what `MicrophoneSource(device=...)` takes).
-        name: the device's name.
-        default_samplerate: the device's native rate in Hz.
-        is_default: whether it is the default input device.
+        index: PortAudio device index (what `MicrophoneSource(device=...)` takes); SERVER_SOURCE for a
+            sound server's source (`MicrophoneSource(server_source=name)`).
+        name: the stable name to keep in settings: the source's ("alsa_input.usb-...", "vsink.monitor"),
+            else the PortAudio device's.
+        default_samplerate: the device's native rate in Hz (0 when the server gives none).
+        is_default: whether it is the default input (the server's default source).
+        description: the server's words for the source ("Built-in Audio Analog Stereo"); "" for a
+            PortAudio device, whose name is all there is.
+        is_monitor: a sink's monitor: what the computer plays (system audio), not a microphone.
     """
 
     index: int
     name: str
     default_samplerate: float
     is_default: bool
+    description: str = ""
+    is_monitor: bool = False
+
+    @property
+    def label(self) -> str:
+        """What a picker shows: the description, else the name."""
+        return self.description or self.name
+
+    @property
+    def is_server_source(self) -> bool:
+        """Whether it is a sound server's source (else a PortAudio device)."""
+        return self.index == SERVER_SOURCE
 
 
-def list_input_devices() -> list[InputDevice]:
+def list_input_devices(pactl: str = "pactl") -> list[InputDevice]:
+    """The sound server's sources (`server_sources`), else the PortAudio inputs (`portaudio_input_devices`)."""
+    try:
+        return server_sources(pactl)
+    except DeviceError as exc:
+        logger.info("listing PortAudio's inputs instead of the sound server's sources: %s", exc)
+        return portaudio_input_devices()
+
+
+def portaudio_input_devices() -> list[InputDevice]:
     """The devices with at least one input channel; empty when no sound server or card answers."""
     sd = _sounddevice()
     default = sd.default.device[0]
@@ -70,6 +120,49 @@ def list_input_devices() -> list[InputDevice]:
         for d in sd.query_devices()
         if d["max_input_channels"] > 0
     ]
+
+
+def server_sources(pactl: str = "pactl", timeout_s: float = _PACTL_TIMEOUT_S) -> list[InputDevice]:
+    """The PulseAudio (or PipeWire-pulse) server's sources, microphones first; raises DeviceError when
+    `pactl` is missing or fails, or no server answers within timeout_s."""
+    info, sources = (_run_pactl(pactl, args, timeout_s) for args in (PACTL_INFO, PACTL_SOURCES))
+    return parse_server_sources(sources, info)
+
+
+def _run_pactl(pactl: str, args: tuple[str, ...], timeout_s: float) -> str:
+    try:
+        done = subprocess.run([pactl, *args], capture_output=True, text=True, timeout=timeout_s)
+    except OSError as exc:  # not installed
+        raise DeviceError(f"{pactl} cannot be run: {exc.strerror or exc}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise DeviceError(f"{pactl} gave no answer within {timeout_s:g} s") from exc
+    if done.returncode != 0:
+        raise DeviceError(f"{pactl} failed: {done.stderr.strip() or f'exit status {done.returncode}'}")
+    return done.stdout
+
+
+def parse_server_sources(sources_json: str, info_json: str) -> list[InputDevice]:
+    """InputDevices from the output of `pactl PACTL_SOURCES` and `pactl PACTL_INFO`, microphones first, each
+    group in the server's order; raises DeviceError on output it cannot read."""
+    try:
+        default = json.loads(info_json).get("default_source_name")
+        devices = [InputDevice(SERVER_SOURCE, s["name"], _spec_rate(s.get("sample_specification", "")),
+                               s["name"] == default, s.get("description") or "", _is_monitor(s))
+                   for s in json.loads(sources_json)]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DeviceError(f"unexpected output from pactl: {exc!r}") from exc
+    return sorted(devices, key=lambda d: d.is_monitor)  # a stable sort
+
+
+def _spec_rate(spec: str) -> float:
+    """44100.0 from pactl's "s16le 2ch 44100Hz"; 0.0 when it names no rate."""
+    match = re.search(r"(\d+)Hz", spec)
+    return float(match.group(1)) if match else 0.0
+
+
+def _is_monitor(source: dict) -> bool:
+    # pactl names the monitored sink in "monitor_source" (empty for other sources); PipeWire marks the class.
+    return bool(source.get("monitor_source")) or source.get("properties", {}).get("device.class") == "monitor"
 
 
 class _Ring:
@@ -207,7 +300,7 @@ class _RingSource:
 
 
 class MicrophoneSource(_RingSource):
-    """A PortAudio input device, delivered as 16 kHz mono float32.
+    """A PortAudio input device or a sound server's source, delivered as 16 kHz mono float32.
 
     Opened at `samplerate` (16 kHz) when the device accepts it, else at its native rate (44.1/48 kHz);
     any rate other than 16 kHz is resampled in `read()`. A device that vanishes (PortAudio error,
@@ -216,14 +309,19 @@ class MicrophoneSource(_RingSource):
 
     Attributes:
         device: PortAudio index or name substring; None for the default input.
+        server_source: a sound server's source name (`InputDevice.name`), captured through PortAudio's
+            "pulse" device instead of `device`; None to capture from `device`.
         requested_rate: the capture rate tried first.
         capture_rate: the rate the device was opened at (0 before `start()`).
     """
 
-    def __init__(self, device: int | str | None = None, *, samplerate: int = SAMPLE_RATE, block_s: float = 0.1,
-                 buffer_s: float = 60.0):
+    def __init__(self, device: int | str | None = None, *, server_source: str | None = None,
+                 samplerate: int = SAMPLE_RATE, block_s: float = 0.1, buffer_s: float = 60.0):
+        if device is not None and server_source is not None:
+            raise ValueError(f"give a device or a server source, not both: {device!r}, {server_source!r}")
         super().__init__(block_s=block_s, buffer_s=buffer_s)
         self.device = device
+        self.server_source = server_source
         self.requested_rate = samplerate
         self.capture_rate = 0
         self._stream = None
@@ -233,24 +331,29 @@ class MicrophoneSource(_RingSource):
     def _open(self) -> None:
         sd = _sounddevice()
         try:
-            self.capture_rate = _capture_rate(sd, self.device, self.requested_rate)
-            self._ring = _Ring(round(self.buffer_s * self.capture_rate))
-            self._resampler = None if self.capture_rate == SAMPLE_RATE else Resampler16k(self.capture_rate)
-            self._stopping = False
-            self._stream = sd.InputStream(
-                device=self.device, samplerate=self.capture_rate, channels=1, dtype="float32",
-                blocksize=round(self.block_s * self.capture_rate), callback=self._callback,
-                finished_callback=self._ready.set,
-            )
-            self._stream.start()
+            with _default_source(self.server_source):
+                device = self.device if self.server_source is None else _pulse_device(sd)
+                self.capture_rate = _capture_rate(sd, device, self.requested_rate)
+                self._ring = _Ring(round(self.buffer_s * self.capture_rate))
+                self._resampler = None if self.capture_rate == SAMPLE_RATE else Resampler16k(self.capture_rate)
+                self._stopping = False
+                self._stream = sd.InputStream(
+                    device=device, samplerate=self.capture_rate, channels=1, dtype="float32",
+                    blocksize=round(self.block_s * self.capture_rate), callback=self._callback,
+                    finished_callback=self._ready.set,
+                )
+                self._stream.start()
         except (sd.PortAudioError, ValueError) as exc:
             self._stream = None
             # PortAudio's own words ("Error querying device -1") go to the log, not to the user.
-            logger.info("opening the input device %r failed: %s", self.device, exc)
+            logger.info("opening the input %r failed: %s", self.server_source or self.device, exc)
+            if self.server_source is not None:
+                raise DeviceError(f"Cannot capture from {self.server_source}: the source is gone, or the sound "
+                                  "server (PulseAudio or PipeWire) is not running.") from exc
             raise DeviceError("No microphone available: no input device is connected, or the sound server "
                               "(PulseAudio or PipeWire) is not running.") from exc
         self._health = (0, time.monotonic())
-        logger.info("capturing from %s at %d Hz", self._stream.device, self.capture_rate)
+        logger.info("capturing from %s at %d Hz", self.server_source or self._stream.device, self.capture_rate)
 
     def _callback(self, indata, frames, time_info, status) -> None:
         # PortAudio's thread: copy and count only (no allocation of buffers, no logging, no locks).
@@ -300,6 +403,34 @@ def _abort_and_close(stream) -> None:
         stream.close()
     except Exception as exc:  # a vanished device may fail to close; it is gone either way
         logger.debug("closing the input stream failed: %s", exc)
+
+
+@contextmanager
+def _default_source(name: str | None) -> Iterator[None]:
+    """PULSE_SOURCE=name for the server connections made inside (none for None); the caller's own value,
+    if any, is put back after, so that other streams keep the server's default."""
+    if name is None:
+        yield
+        return
+    with _PULSE_SOURCE_LOCK:
+        saved = os.environ.get("PULSE_SOURCE")
+        os.environ["PULSE_SOURCE"] = name
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ["PULSE_SOURCE"]
+            else:
+                os.environ["PULSE_SOURCE"] = saved
+
+
+def _pulse_device(sd) -> int:
+    """The index of PortAudio's "pulse" device; DeviceError when ALSA's pulse plugin is not there."""
+    for d in sd.query_devices():
+        if d["name"] == _PULSE_DEVICE and d["max_input_channels"] > 0:
+            return int(d["index"])
+    raise DeviceError("Cannot capture from the sound server's sources: PortAudio has no \"pulse\" device "
+                      "(install libasound2-plugins, ALSA's pulse plugin).")
 
 
 def _capture_rate(sd, device: int | str | None, rate: int) -> int:

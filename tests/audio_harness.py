@@ -7,6 +7,7 @@ real path an app uses (PortAudio -> ALSA `default` -> the pulse plugin -> the se
   first audio is awaited once (~2 s after the daemon starts);
 - PortAudio lists devices only when it initialises, so `rescan_portaudio()` re-initialises it after
   the daemon is up, and "no device" cases run in a subprocess.
+Sources and sinks that come and go are modules loaded into the daemon (`pulse_modules`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["VirtualMic", "private_mic", "rescan_portaudio", "virtual_mic"]
+__all__ = ["VirtualMic", "private_mic", "pulse_modules", "rescan_portaudio", "virtual_mic"]
 
 _TOOLS = ("pulseaudio", "pactl", "pacat", "paplay")
 
@@ -84,13 +85,24 @@ class VirtualMic:
                  "--use-pid-file=no", "--log-target=stderr", "--log-level=notice"],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self._wait_ready(socket, time.monotonic() + timeout_s)
-        # Silence at 20 ms latency keeps the sink rendering in small blocks instead of 2 s ones.
-        self._feeder = subprocess.Popen(
-            ["pacat", "--playback", "--device=vsink", f"--rate={self.rate}", "--channels=1", "--format=s16le",
-             "--raw", "--latency-msec=20", "/dev/zero"],
-            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._feeder = self.play_silence("vsink")
         self._wait_first_audio(timeout_s)
         return self
+
+    def play_silence(self, sink: str) -> subprocess.Popen:
+        """Digital silence into `sink` until the player is terminated: at 20 ms latency it keeps the sink
+        rendering in small blocks instead of 2 s ones."""
+        return subprocess.Popen(
+            ["pacat", "--playback", f"--device={sink}", f"--rate={self.rate}", "--channels=1", "--format=s16le",
+             "--raw", "--latency-msec=20", "/dev/zero"],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def pactl(self, *args: str) -> str:
+        """pactl's output for `args`, asked of this daemon; RuntimeError when it fails."""
+        done = subprocess.run(["pactl", *args], env=self.env, capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"pactl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
 
     def _wait_ready(self, socket: Path, deadline: float) -> None:
         while not (socket.exists() and subprocess.run(["pactl", "info"], env=self.env,
@@ -115,9 +127,9 @@ class VirtualMic:
             recorder.terminate()
             recorder.wait()
 
-    def play(self, wav: Path, *, wait: bool = True) -> subprocess.Popen:
-        """Plays a WAV into the sink, i.e. speaks it into the microphone."""
-        player = subprocess.Popen(["paplay", "--device=vsink", str(wav)], env=self.env)
+    def play(self, wav: Path, *, wait: bool = True, sink: str = "vsink") -> subprocess.Popen:
+        """Plays a WAV into the sink, i.e. speaks it into the microphone (or into another sink's monitor)."""
+        player = subprocess.Popen(["paplay", f"--device={sink}", str(wav)], env=self.env)
         if wait and player.wait(120) != 0:
             raise RuntimeError(f"paplay failed with {player.returncode}")
         return player
@@ -196,3 +208,30 @@ def private_mic(virtual_mic):
     for mic in mics:
         mic.stop()
     os.environ["PULSE_SERVER"] = virtual_mic.server
+
+
+class _Modules:
+    """Modules loaded into one daemon by a test: `load` returns the module's index, `unload` takes it."""
+
+    def __init__(self, mic: VirtualMic):
+        self.mic = mic
+        self.loaded: list[int] = []
+
+    def load(self, name: str, *args: str) -> int:
+        index = int(self.mic.pactl("load-module", name, *args))
+        self.loaded.append(index)
+        return index
+
+    def unload(self, index: int) -> None:
+        self.mic.pactl("unload-module", str(index))
+        self.loaded.remove(index)
+
+
+@pytest.fixture
+def pulse_modules(virtual_mic):
+    """Loads modules (sources, sinks) into the session's daemon for one test; whatever the test leaves
+    loaded is unloaded after it, so that other tests see the daemon as it was."""
+    modules = _Modules(virtual_mic)
+    yield modules
+    for index in reversed(modules.loaded):
+        virtual_mic.pactl("unload-module", str(index))

@@ -29,22 +29,25 @@ from PySide6.QtWidgets import QApplication, QFileDialog, QLabel, QToolButton, QW
 
 from aural.app import jobs
 from aural.app.jobs import FileJob, JobStatus
+from aural.app.instance import SingleInstance
 from aural.app.main import build_window
-from aural.app.services import Catalog
+from aural.app.services import Catalog, open_microphone
 from aural.app.workers import worker_threads
 from aural.app.settings import Key, Settings
 from aural.app.widgets.captions import CaptionsView
 from aural.app.widgets.metrics import MetricsPanel
 from aural.app.widgets.presentation import CaptionWindow
+from aural.engine.capture import InputDevice
 from aural.engine.errors import DeviceError
 from aural.engine.journal import read_session, sessions_dir, unclosed_sessions
 from aural.engine.streaming import Metrics
-from audio_harness import private_mic, virtual_mic  # noqa: F401 - the virtual microphone fixtures
+from audio_harness import private_mic, pulse_modules, virtual_mic  # noqa: F401 - the virtual microphone fixtures
 
 JFK_TEXT = ("And so my fellow Americans, ask not what your country can do for you, "
             "ask what you can do for your country.")
 MODEL_S = 120_000  # ms; the model loads in seconds, but CI machines are shared
 FILE_S = 240_000  # ms for one file on a busy 2-core machine (the JFK clip alone can take 20 s there)
+SOURCE_S = 10_000  # ms for a change of the sound server's sources to reach the picker (pactl, in the background)
 
 
 def normalized(text: str) -> str:
@@ -79,7 +82,7 @@ def _no_inputs():
 def make_window(qtbot, settings, tiny_gguf):
     """Builds the app's window through the composition root and waits for its model."""
 
-    def make(open_source=None, catalog=Catalog(input_devices=_no_inputs)):
+    def make(open_source=None, catalog=Catalog(input_devices=_no_inputs, pactl="")):
         kwargs = {} if open_source is None else {"open_source": open_source}
         window = build_window(settings, catalog=catalog, **kwargs)
         qtbot.addWidget(window)
@@ -125,6 +128,32 @@ def last_job(window):
 
 def running_threads(*owners) -> list[QThread]:
     return [t for owner in owners for t in worker_threads(owner) if t.isRunning()]
+
+
+APP_LOG_SERVING = "serving later launches at"  # app.instance's INFO line once the app is the one instance
+
+
+def app_env(tmp_path, **changes) -> dict[str, str]:
+    """The environment of an app that a test launches: its own QSettings, home and runtime folder (where the
+    one-app socket lives), so that it meets neither the user's app nor another test's."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    return dict(os.environ, QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(tmp_path / "config"),
+                HOME=str(tmp_path / "home"), XDG_RUNTIME_DIR=str(runtime), **changes)
+
+
+def launch_app(env, *args) -> tuple[subprocess.Popen, list[str]]:
+    """`python -m aural.app --verbose ARGS` in a child process, and its stderr lines as they come."""
+    app = subprocess.Popen([sys.executable, "-m", "aural.app", "--verbose", *map(str, args)], env=env,
+                           stderr=subprocess.PIPE, text=True)
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(app.stderr), daemon=True).start()
+    return app, log
+
+
+def wait_for_log(qtbot, app: subprocess.Popen, log: list[str], text: str, timeout=MODEL_S) -> None:
+    qtbot.waitUntil(lambda: any(text in line for line in log) or app.poll() is not None, timeout=timeout)
+    assert app.poll() is None, "".join(log)
 
 
 # -- files -------------------------------------------------------------------------------------------
@@ -272,7 +301,7 @@ def test_fifty_dropped_files_with_random_cancels_all_end_and_the_window_quits_cl
 @pytest.mark.audio
 def test_live_captions_from_the_virtual_microphone(virtual_mic, make_window, qtbot, jfk_wav):
     window = make_window(catalog=Catalog())  # the real microphone path and device list
-    assert window.controls.device_combo.isEnabled()
+    qtbot.waitUntil(window.controls.device_combo.isEnabled, timeout=SOURCE_S)  # listed in the background
     levels = []
     window.live.level.connect(levels.append)
     with qtbot.waitSignal(window.live.running_changed, timeout=5000):
@@ -392,9 +421,97 @@ def test_no_sound_server_in_a_real_process(tiny_gguf, tmp_path):
     assert "USABLE: Start True" in proc.stdout
 
 
+# -- the input picker ----------------------------------------------------------------------------------
+
+
+def picker_items(window) -> dict[str, str]:
+    """The input picker's items: device name -> the text shown, in order."""
+    combo = window.controls.device_combo
+    return {combo.itemData(i): combo.itemText(i) for i in range(combo.count())}
+
+
+def pick_input(window, name: str) -> None:
+    """Picks an input as the user does (`activated`, which programmatic changes do not emit)."""
+    combo = window.controls.device_combo
+    combo.setCurrentIndex(combo.findData(name))
+    combo.activated.emit(combo.currentIndex())
+
+
+@pytest.mark.audio
+def test_the_input_picker_lists_the_servers_sources_and_follows_them(virtual_mic, pulse_modules, make_window,
+                                                                     qtbot, settings):
+    window = make_window(catalog=Catalog())  # pactl, and the PortAudio list where it fails
+    combo = window.controls.device_combo
+    qtbot.waitUntil(lambda: picker_items(window) == {
+        "vsink.monitor": "Monitor of AuralVirtualMic (system audio, default)"}, timeout=SOURCE_S)
+    assert window.devices.from_server and combo.isEnabled()
+
+    picked = pulse_modules.load("module-null-source", "source_name=aural_picked", 'description="Aural Picked Source"')
+    qtbot.waitUntil(lambda: picker_items(window).get("aural_picked") == "Aural Picked Source", timeout=SOURCE_S)
+    assert combo.currentData() == "vsink.monitor"  # a new source does not take the default's place
+    pick_input(window, "aural_picked")
+    assert settings.get(Key.INPUT_DEVICE) == "aural_picked"
+    assert open_microphone("aural_picked").server_source == "aural_picked"  # what Start would capture
+
+    window.controls.set_running(True)  # as while captioning: a new list must not unlock the picker
+    other = pulse_modules.load("module-null-source", "source_name=aural_other", 'description="Aural Other Source"')
+    qtbot.waitUntil(lambda: "aural_other" in picker_items(window), timeout=SOURCE_S)
+    assert list(picker_items(window)) == ["aural_picked", "aural_other", "vsink.monitor"]  # microphones first
+    assert combo.currentData() == "aural_picked" and not combo.isEnabled()
+    window.controls.set_running(False)
+
+    pulse_modules.unload(picked)
+    qtbot.waitUntil(lambda: "aural_picked" not in picker_items(window), timeout=SOURCE_S)
+    assert combo.currentData() == "vsink.monitor"  # the default while the pick is gone
+    assert settings.get(Key.INPUT_DEVICE) == "aural_picked"
+    gone = open_microphone("aural_picked")
+    assert gone.server_source is None and gone.device is None  # Start now captures the default
+    pulse_modules.load("module-null-source", "source_name=aural_picked", 'description="Aural Picked Source"')
+    qtbot.waitUntil(lambda: combo.currentData() == "aural_picked", timeout=SOURCE_S)  # back, and picked again
+    pulse_modules.unload(other)
+    qtbot.waitUntil(lambda: "aural_other" not in picker_items(window), timeout=SOURCE_S)
+
+
+USB_MIC = InputDevice(2, "USB Microphone", 48000.0, True)
+
+
+@pytest.mark.parametrize("missing", ["pactl", "server"])
+def test_without_pactl_or_a_sound_server_the_portaudio_inputs_are_offered(make_window, qtbot, monkeypatch, tmp_path,
+                                                                          missing):
+    if missing == "server":
+        monkeypatch.setenv("PULSE_SERVER", "unix:/nonexistent")  # pactl runs, and fails
+    pactl = str(tmp_path / "no-such-pactl") if missing == "pactl" else "pactl"
+    window = make_window(catalog=Catalog(input_devices=lambda: [USB_MIC], pactl=pactl))
+    qtbot.waitUntil(lambda: picker_items(window) == {"USB Microphone": "USB Microphone (default)"}, timeout=SOURCE_S)
+    assert not window.devices.from_server and window.controls.device_combo.isEnabled()
+    assert window.last_error == ""  # an ordinary set-up (PortAudio alone), not an error
+
+
+@pytest.mark.audio
+def test_a_frozen_sound_server_does_not_block_the_window(private_mic, settings, qtbot, tiny_gguf):
+    private_mic().freeze()  # pactl connects and then waits for an answer that never comes
+    window = build_window(settings, catalog=Catalog(input_devices=lambda: [USB_MIC]))
+    qtbot.addWidget(window)
+    assert picker_items(window) == {"": "Looking for input devices…"}  # built while pactl waits
+    window.show()
+    # The listing is given up after devices._TIMEOUT_MS (3 s); the PortAudio list is offered then.
+    qtbot.waitUntil(lambda: "USB Microphone" in picker_items(window), timeout=SOURCE_S)
+    assert not window.devices.from_server and window.controls.device_combo.isEnabled()
+
+
+def test_the_refresh_button_lists_the_inputs_again(make_window, qtbot):
+    plugged: list[InputDevice] = []
+    window = make_window(catalog=Catalog(input_devices=lambda: list(plugged), pactl=""))
+    assert picker_items(window) == {"": "No input device found"} and not window.controls.device_combo.isEnabled()
+    plugged.append(USB_MIC)
+    qtbot.mouseClick(window.controls.refresh_devices_button, Qt.MouseButton.LeftButton)
+    assert picker_items(window) == {"USB Microphone": "USB Microphone (default)"}
+    assert window.controls.device_combo.isEnabled()
+
+
 def test_model_failure_shows_an_error_and_another_model_can_be_picked(settings, qtbot, tiny_gguf, tmp_path):
     settings.set(Key.MODEL, str(tmp_path / "missing.gguf"))
-    window = build_window(settings, catalog=Catalog(input_devices=_no_inputs))
+    window = build_window(settings, catalog=Catalog(input_devices=_no_inputs, pactl=""))
     qtbot.addWidget(window)
     with qtbot.waitSignal(window.models.failed, timeout=MODEL_S):
         window.show()
@@ -429,17 +546,10 @@ APP_LOG_CAPTURING = "capturing from"  # engine.capture's INFO line once the micr
 @pytest.mark.audio
 def test_a_killed_app_offers_its_captions_at_the_next_launch(virtual_mic, make_window, qtbot, jfk_wav, tmp_path,
                                                               journal_dir):
-    env = dict(os.environ, PULSE_SERVER=virtual_mic.server, QT_QPA_PLATFORM="offscreen",
-               XDG_CONFIG_HOME=str(tmp_path / "config"))  # the app's own QSettings, not the user's
-    app = subprocess.Popen([sys.executable, "-m", "aural.app", "--start", "--verbose"], env=env,
-                           stderr=subprocess.PIPE, text=True)
-    log: list[str] = []
-    threading.Thread(target=lambda: log.extend(app.stderr), daemon=True).start()
+    app, log = launch_app(app_env(tmp_path, PULSE_SERVER=virtual_mic.server), "--start")
     player = None
     try:
-        qtbot.waitUntil(lambda: any(APP_LOG_CAPTURING in line for line in log) or app.poll() is not None,
-                        timeout=MODEL_S)
-        assert app.poll() is None, "".join(log)
+        wait_for_log(qtbot, app, log, APP_LOG_CAPTURING)
         player = virtual_mic.play(jfk_wav, wait=False)
         # The app holds its journal open; read the file as it grows, as a crash would leave it. A file the app
         # has just created may not hold its header yet: read_session gives None for it until then.
@@ -581,7 +691,8 @@ def test_preferences_pick_the_model_the_input_and_the_caption_colours(make_windo
     from aural.engine.capture import InputDevice
 
     inputs = [InputDevice(0, "Desk microphone", 48000.0, True), InputDevice(1, "Headset", 16000.0, False)]
-    window = make_window(catalog=Catalog(input_devices=lambda: inputs))
+    window = make_window(catalog=Catalog(input_devices=lambda: inputs, pactl=""))
+    qtbot.waitUntil(lambda: window.controls.device_combo.findData("Headset") >= 0)
     other = tmp_path / "other.gguf"
     shutil.copy(tiny_gguf, other)
     window.open_model(str(other))
@@ -603,6 +714,76 @@ def test_preferences_pick_the_model_the_input_and_the_caption_colours(make_windo
     qtbot.waitExposed(caption)
     corner = caption.grab().toImage().pixelColor(2, 2)
     assert corner.name() == "#002244"
+
+
+# -- one app per user ---------------------------------------------------------------------------------
+
+
+def test_a_second_launch_hands_its_files_to_the_running_app(make_window, qtbot, tmp_path, monkeypatch, data_dir):
+    env = app_env(tmp_path)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", env["XDG_RUNTIME_DIR"])
+    window = make_window()
+    instance = SingleInstance()
+    assert instance.claim([]) and instance.listening  # nothing answered: this process is the app
+    instance.launched.connect(window.open_launch)  # as main() wires it
+    window.showMinimized()
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(data_dir / "en_pocketsphinx_cards_001.wav", work / "clip.wav")
+    second = subprocess.Popen([sys.executable, "-m", "aural.app", "--verbose", "clip.wav"], cwd=work, env=env,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        qtbot.waitUntil(lambda: second.poll() is not None, timeout=60_000)  # this event loop answers it meanwhile
+    finally:
+        second.kill()
+    # One line and nothing else: with --verbose, a launch that went on to build a window would log more.
+    assert (second.returncode, second.stderr.read()) == (0, "Aural is already running; the files were sent to it.\n")
+    [job] = window.files.jobs
+    assert job.path == work / "clip.wav"  # made absolute in the second launch's folder
+    assert window.tabs.currentIndex() == window.files_tab and not window.isMinimized()
+    wait_status(qtbot, window, job, JobStatus.DONE)
+
+
+def test_a_killed_apps_socket_does_not_stop_the_next_launch(qtbot, tmp_path, data_dir):
+    env = app_env(tmp_path, PULSE_SERVER="unix:/nonexistent")
+    socket = Path(env["XDG_RUNTIME_DIR"]) / f"aural-{os.getuid()}"
+    apps = []
+    try:
+        first, first_log = launch_app(env)
+        apps.append(first)
+        wait_for_log(qtbot, first, first_log, APP_LOG_SERVING)
+        first.kill()  # a crash: its socket stays behind, and nothing answers there
+        first.wait(30)
+        assert socket.is_socket()
+        second, log = launch_app(env)
+        apps.append(second)
+        wait_for_log(qtbot, second, log, APP_LOG_SERVING)  # the app, not a launch that found one running
+        clip = data_dir / "en_pocketsphinx_cards_001.wav"
+        third = subprocess.run([sys.executable, "-m", "aural.app", str(clip)], env=env, capture_output=True, text=True,
+                               timeout=120)
+        assert (third.returncode, third.stderr) == (0, "Aural is already running; the files were sent to it.\n")
+        wait_for_log(qtbot, second, log, "a later launch handed over 1 file(s)", timeout=10_000)
+    finally:
+        for app in apps:
+            app.kill()
+            app.wait(30)
+
+
+def test_a_launch_gives_up_on_a_running_app_that_does_not_answer(qtbot, tmp_path):
+    env = app_env(tmp_path, PULSE_SERVER="unix:/nonexistent")
+    first, log = launch_app(env)
+    try:
+        wait_for_log(qtbot, first, log, APP_LOG_SERVING)
+        first.send_signal(signal.SIGSTOP)  # hung: the system still takes connections for it, nobody answers
+        second = subprocess.run([sys.executable, "-m", "aural.app", "file.wav"], env=env, capture_output=True,
+                                text=True, timeout=120)
+        assert second.returncode == 1, second.stderr
+        assert second.stderr.startswith("aural: error: Aural is already running but does not answer")
+        assert len(second.stderr.splitlines()) == 1
+    finally:
+        first.send_signal(signal.SIGCONT)
+        first.kill()
+        first.wait(30)
 
 
 # -- views and settings ------------------------------------------------------------------------------
@@ -813,7 +994,7 @@ def test_a_model_file_can_be_opened(window, qtbot, tiny_gguf, tmp_path):
 
 def test_the_model_picker_stops_saying_converted_on_first_use_once_converted(settings, qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("AURAL_CACHE_DIR", str(tmp_path / "empty-cache"))
-    window = build_window(settings, catalog=Catalog(input_devices=_no_inputs))
+    window = build_window(settings, catalog=Catalog(input_devices=_no_inputs, pactl=""))
     qtbot.addWidget(window)
     assert "converted on first use" in window.controls.model_combo.currentText()
     with qtbot.waitSignal(window.models.ready, timeout=MODEL_S):

@@ -4,6 +4,7 @@ fixes its device list when it initialises."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,9 +16,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from audio_harness import VirtualMic, private_mic  # noqa: F401 - a fixture
-from aural.engine.capture import MicrophoneSource, ReplaySource, _capture_rate, list_input_devices
-from aural.engine.errors import AudioError
+from audio_harness import VirtualMic, private_mic, pulse_modules  # noqa: F401 - fixtures
+from aural.engine.capture import (MicrophoneSource, ReplaySource, _capture_rate, list_input_devices,
+                                  parse_server_sources, portaudio_input_devices, server_sources)
+from aural.engine.errors import AudioError, DeviceError
 from aural.engine.streaming import Commit, Error, Metrics, live_events
 
 pytestmark = pytest.mark.audio
@@ -58,8 +60,6 @@ def capture_while_playing(mic: VirtualMic, source, wav: Path, tail_s: float = 0.
 
 
 def run_python(code: str, **env) -> subprocess.CompletedProcess:
-    import os
-
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **env}, cwd=TESTS)
 
@@ -72,6 +72,78 @@ def test_lists_the_virtual_microphone(virtual_mic):
     assert devices, "no input device listed"
     assert sum(d.is_default for d in devices) == 1
     assert all(d.default_samplerate > 0 and d.name for d in devices)
+
+
+def test_lists_the_sound_servers_sources_by_name_and_description(virtual_mic, pulse_modules):
+    # PortAudio sees the server only as ALSA's "pulse" and "default"; pactl names each source.
+    assert {d.name for d in portaudio_input_devices()} == {"pulse", "default"}
+    [monitor] = list_input_devices()
+    assert (monitor.name, monitor.label, monitor.default_samplerate) == ("vsink.monitor", "Monitor of AuralVirtualMic",
+                                                                         16000)
+    assert monitor.is_monitor and monitor.is_default and monitor.is_server_source  # the harness's microphone
+    module = pulse_modules.load("module-null-source", "source_name=aural_extra", 'description="Aural Extra Source"',
+                                "rate=48000")
+    extra, again = list_input_devices()  # microphones before system audio
+    assert (extra.name, extra.label, extra.default_samplerate) == ("aural_extra", "Aural Extra Source", 48000)
+    assert not extra.is_monitor and not extra.is_default and again == monitor
+    pulse_modules.unload(module)
+    assert list_input_devices() == [monitor]
+
+
+def test_without_pactl_the_portaudio_inputs_are_listed(virtual_mic, tmp_path):
+    with pytest.raises(DeviceError, match="no-pactl cannot be run: No such file or directory"):
+        server_sources(str(tmp_path / "no-pactl"))
+    assert list_input_devices(str(tmp_path / "no-pactl")) == portaudio_input_devices()
+    with pytest.raises(DeviceError, match="unexpected output from pactl"):
+        parse_server_sources("Connection failure", "{}")  # e.g. an old pactl without JSON output
+
+
+@pytest.fixture
+def second_sink(virtual_mic, pulse_modules):
+    """A second null sink next to the microphone's, fed silence; its monitor is a source that is not the
+    default. Yields the sink's name."""
+    pulse_modules.load("module-null-sink", "sink_name=aural_second", "rate=16000", "channels=1", "format=s16le",
+                       "sink_properties=\"device.description='Aural Second Sink'\"")
+    feeder = virtual_mic.play_silence("aural_second")
+    yield "aural_second"
+    feeder.terminate()
+    feeder.wait()
+
+
+def test_a_chosen_source_is_captured_and_the_default_is_not(virtual_mic, second_sink, injected_wav):
+    # Speech into the second sink, nothing into the microphone's: the chosen monitor must hold the speech,
+    # bit for bit as test_capture_is_bit_exact bounds it, while a default capture running at the same
+    # time hears digital silence (the harness plays zeros into its sink). Were the choice ignored, the
+    # chosen capture would be silent too.
+    reference, _ = sf.read(injected_wav, dtype="float32")
+    chosen, default = MicrophoneSource(server_source=f"{second_sink}.monitor", block_s=0.02), MicrophoneSource()
+    captured: dict[MicrophoneSource, list[np.ndarray]] = {chosen: [], default: []}
+    for source in captured:
+        source.start()
+        assert source.read(5.0) is not None, "the source delivered nothing"
+    assert "PULSE_SOURCE" not in os.environ  # set only while a stream opened
+    virtual_mic.play(injected_wav, sink=second_sink)
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        for source, chunks in captured.items():
+            if (block := source.read(0.05)) is not None:
+                chunks.append(block)
+    for source, chunks in captured.items():
+        source.stop()
+        while (block := source.read(0.0)) is not None:
+            chunks.append(block)
+        assert source.error is None and source.dropped_blocks == 0
+    lag, corr, max_diff, overlap = align(np.concatenate(captured[chosen]), reference)
+    assert lag >= -160 and overlap >= reference.size - 160, (lag, overlap)
+    assert corr > 0.9999 and max_diff <= 2 / 32768, (corr, max_diff)
+    heard_by_default = np.concatenate(captured[default])
+    assert heard_by_default.size >= reference.size and np.abs(heard_by_default).max() < 1 / 32768
+
+
+def test_a_source_that_is_gone_is_a_device_error(virtual_mic):
+    with pytest.raises(DeviceError, match="Cannot capture from aural_no_such_source: the source is gone"):
+        MicrophoneSource(server_source="aural_no_such_source").start()
+    assert "PULSE_SOURCE" not in os.environ
 
 
 @pytest.fixture(scope="module")
@@ -110,15 +182,20 @@ def test_device_rate_is_resampled_to_16k(virtual_mic, injected_wav):
 
 def test_no_sound_server_is_a_device_error():
     result = run_python("""
-        from aural.engine.capture import MicrophoneSource, list_input_devices
+        from aural.engine.capture import MicrophoneSource, list_input_devices, server_sources
         from aural.engine.errors import DeviceError
-        print("devices", len(list_input_devices()))
+        try:
+            server_sources()
+        except DeviceError as exc:
+            print("no server:", exc)
+        print("devices", len(list_input_devices()))  # PortAudio's, then: none
         try:
             MicrophoneSource().start()
         except DeviceError as exc:
             print("DeviceError:", exc)
     """, PULSE_SERVER="unix:/nonexistent")
     assert result.returncode == 0, result.stderr
+    assert "no server: pactl failed: Connection failure" in result.stdout
     assert "devices 0" in result.stdout
     assert "DeviceError: No microphone available" in result.stdout
 

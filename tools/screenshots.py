@@ -72,7 +72,11 @@ class App:
     """`python -m aural.app` on the display, its stderr collected line by line."""
 
     def __init__(self, display: Display, args: list[str], config_dir: Path):
-        env = dict(display.env, XDG_CONFIG_HOME=str(config_dir))  # fresh settings: default geometry
+        # Fresh settings (default geometry), and a runtime folder of its own for the one-app socket, so that an
+        # Aural the user is running does not take the launch over.
+        runtime = config_dir / "runtime"
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        env = dict(display.env, XDG_CONFIG_HOME=str(config_dir), XDG_RUNTIME_DIR=str(runtime))
         self.display = display
         self.lines: list[str] = []
         self.started = time.monotonic()

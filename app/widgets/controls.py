@@ -1,15 +1,21 @@
-"""The control bar: Start/Stop, input device with its level meter, model and language."""
+"""The control bar: Start/Stop, input device (with a refresh button) and its level meter, model and language."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QComboBox, QGridLayout, QLabel, QPushButton, QWidget
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtWidgets import QComboBox, QGridLayout, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
 from aural.engine.tokenizer import LANGUAGES
 
 from .level_meter import LevelMeter
 
-__all__ = ["ControlBar", "model_label"]
+__all__ = ["ControlBar", "device_label", "model_label"]
+
+
+def device_label(device) -> str:
+    """Picker text for a `capture.InputDevice`: its label, then whether it is system audio or the default."""
+    notes = [note for note, on in (("system audio", device.is_monitor), ("default", device.is_default)) if on]
+    return f"{device.label} ({', '.join(notes)})" if notes else device.label
 
 
 def model_label(entry) -> tuple[str, bool]:
@@ -25,6 +31,7 @@ def model_label(entry) -> tuple[str, bool]:
 class ControlBar(QWidget):
     start_stop_requested = Signal()
     device_changed = Signal(str)  # device name
+    refresh_devices_requested = Signal()
     model_changed = Signal(str)  # model spec
     language_changed = Signal(str)  # code; "" to detect
 
@@ -37,6 +44,13 @@ class ControlBar(QWidget):
         self.start_button.setMinimumWidth(96)
         self.start_button.clicked.connect(self.start_stop_requested)
         self.device_combo = self._combo("Input device", 12, self._emit_device)
+        self.device_combo.addItem("Looking for input devices…", "")
+        self.device_combo.setEnabled(False)
+        self.refresh_devices_button = QToolButton()
+        self.refresh_devices_button.setText("↻")
+        self.refresh_devices_button.setToolTip("List the input devices again")
+        self.refresh_devices_button.clicked.connect(self.refresh_devices_requested)
+        self._running = False
         self.level_meter = LevelMeter()
         self.model_combo = self._combo("Model (loaded once, shared by live captions and files)", 18,
                                        lambda: self.model_changed.emit(self.model_combo.currentData()))
@@ -61,7 +75,7 @@ class ControlBar(QWidget):
         grid.setVerticalSpacing(2)
         grid.addWidget(self.start_button, 0, 0, 2, 1)
         for column, (label, widget) in enumerate(
-                (("Input", self.device_combo), ("Model", self.model_combo), ("Language", self.language_combo)),
+                (("Input", self._device_picker()), ("Model", self.model_combo), ("Language", self.language_combo)),
                 start=1):
             caption = QLabel(label)
             caption.setObjectName("fieldLabel")
@@ -70,6 +84,15 @@ class ControlBar(QWidget):
         grid.addWidget(self.level_meter, 2, 1)
         for column, stretch in ((1, 3), (2, 3), (3, 2)):
             grid.setColumnStretch(column, stretch)
+
+    def _device_picker(self) -> QWidget:
+        picker = QWidget()
+        row = QHBoxLayout(picker)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(2)
+        row.addWidget(self.device_combo, 1)
+        row.addWidget(self.refresh_devices_button)
+        return picker
 
     def _fill_languages(self) -> None:
         self.language_combo.addItem("Detect automatically", "")
@@ -87,14 +110,21 @@ class ControlBar(QWidget):
         """`capture.InputDevice`s; shows `selected` (a name) if it is there, else the default input."""
         self.device_combo.clear()
         for device in devices:
-            self.device_combo.addItem(f"{device.name}{' (default)' if device.is_default else ''}", device.name)
-        self.device_combo.setEnabled(bool(devices))
+            self.device_combo.addItem(device_label(device), device.name)
+            if device.is_monitor:
+                self.device_combo.setItemData(self.device_combo.count() - 1, "What this computer plays (the "
+                                              "monitor of an output)", Qt.ItemDataRole.ToolTipRole)
         if not devices:
             self.device_combo.addItem("No input device found", "")
-            return
-        default = next((d.name for d in devices if d.is_default), devices[0].name)
-        index = self.device_combo.findData(selected)
-        self.device_combo.setCurrentIndex(index if index >= 0 else self.device_combo.findData(default))
+        else:
+            default = next((d.name for d in devices if d.is_default), devices[0].name)
+            index = self.device_combo.findData(selected)
+            self.device_combo.setCurrentIndex(index if index >= 0 else self.device_combo.findData(default))
+        self._enable_devices()
+
+    def _enable_devices(self) -> None:
+        """The picker takes a choice while live captioning is stopped and there is something to choose."""
+        self.device_combo.setEnabled(not self._running and bool(self.current_device()))
 
     @Slot(str)
     def select_device(self, name: str) -> None:
@@ -130,6 +160,7 @@ class ControlBar(QWidget):
         self.start_button.setProperty("running", running)
         self.start_button.style().polish(self.start_button)  # re-apply the stylesheet's [running] rule
         self.model_combo.setEnabled(not running)
-        self.device_combo.setEnabled(not running and bool(self.current_device()))
+        self._running = running
+        self._enable_devices()
         if not running:
             self.level_meter.reset()
