@@ -301,14 +301,21 @@ class _Hypothesis:
 # 4E00-9FFF, F900-FAFF, FF00-FFEF). Hangul is written with spaces and is not among them.
 _UNSPACED = "\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
 _UNIT = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
+_UNIT_CJK = re.compile(f"[{_UNSPACED}]")
+
+
+def _unspaced(char: str) -> bool:
+    return _UNIT_CJK.fullmatch(char) is not None
 
 
 def _units(text: str) -> list[tuple[str, bool]]:
     """(unit, spaced) pairs of a segment's text: space-separated words, each character of an unspaced
-    script its own unit (LocalAgreement then agrees on characters there)."""
-    out = []
+    script its own unit (LocalAgreement then agrees on characters there). No space is kept between two
+    such characters: Whisper puts one at some pauses ("广州市 佛地产"), which Chinese text does not have."""
+    out: list[tuple[str, bool]] = []
     for piece in text.split():
-        out += [(unit, k == 0) for k, unit in enumerate(_UNIT.findall(piece))]
+        for k, unit in enumerate(_UNIT.findall(piece)):
+            out.append((unit, k == 0 and not (out and _unspaced(out[-1][0][-1]) and _unspaced(unit[0]))))
     return out
 
 
@@ -390,6 +397,15 @@ def _skip_committed(committed: Sequence[_Word], words: Sequence[_Word]) -> int:
     ends = [0, *accumulate(len(k) for k in keys)]
     # Ties go to the word count nearest the committed one.
     return min(range(len(ends)), key=lambda k: (distances[ends[k]], abs(k - len(committed))))
+
+
+def _newer_tail(old: list[_Word], new: list[_Word]) -> list[_Word]:
+    """The tentative words after a decode: the new hypothesis' own, unless it has none where the last one
+    had some. Whisper can end a window's text early: base, given a committed Mandarin sentence and the one
+    after it, wrote the first alone for steps on end, and dropping the second's tail then lost it for
+    good (issue #24, the live run through the microphone on a loaded machine). Words it changes are
+    still replaced."""
+    return new or old
 
 
 def _agreement(previous: Sequence[_Word], current: Sequence[_Word]) -> int:
@@ -493,8 +509,8 @@ class _Stream:
         agreed = _agreement(self.tail, tail)
         if agreed:
             yield self._commit(tail[:agreed])
-        self.tail = tail[agreed:]
-        yield from self._trim(hyp, done + agreed)
+        self.tail = _newer_tail(self.tail[agreed:], tail[agreed:])
+        yield from self._trim(hyp, done + agreed, stalled=not tail)
         yield from self._report(started, result)
 
     def flush(self) -> Iterator[Event]:
@@ -504,7 +520,7 @@ class _Stream:
         result = None
         if self.fresh_speech and self._active():
             hyp, result = self._decode()
-            self.tail = hyp.words[_skip_committed(self._committed_in_window(), hyp.words):]
+            self.tail = _newer_tail(self.tail, hyp.words[_skip_committed(self._committed_in_window(), hyp.words):])
         if self.tail:
             yield self._commit(self.tail)
         self.tail = []
@@ -570,6 +586,7 @@ class _Stream:
         return cut.partition(" ")[2] if " " in cut else cut
 
     def _commit(self, words: list[_Word]) -> Commit:
+        before = self.committed[-1].text if self.committed else ""
         # Estimates from different hypotheses may overlap; commits must not go back in time.
         start = max(words[0].start, self.committed[-1].end) if self.committed else words[0].start
         end = max(words[-1].end, start)
@@ -577,16 +594,24 @@ class _Stream:
         self.commit_lag_s = max(0.0, self.total / SAMPLE_RATE - words[0].end)
         self._committed_language = self.language
         self.in_window += len(words)
-        return Commit(_join(words), start, end, self.language, words[0].spaced)
+        # Between two commits as between two words: no space where both sides are Chinese or Japanese.
+        spaced = words[0].spaced and not (before and _unspaced(before[-1]) and _unspaced(words[0].text[0]))
+        return Commit(_join(words), start, end, self.language, spaced)
 
     # -- the window --
 
-    def _trim(self, hyp: _Hypothesis, n_committed: int) -> Iterator[Event]:
-        """Once the window is longer than trim_s, cuts it at the latest point before which every word
-        is committed: the end of a closed Whisper segment, or a VAD pause. Past max_window_s without
-        one, commits up to the last closed segment (or everything) unconfirmed and cuts there."""
+    def _trim(self, hyp: _Hypothesis, n_committed: int, *, stalled: bool = False) -> Iterator[Event]:
+        """Once the window is longer than trim_s, or at once when the hypothesis is `stalled` (it wrote
+        only committed words while fresh speech came in), cuts it at the latest point before which every
+        word is committed: the end of a closed Whisper segment, or a VAD pause. Past max_window_s without
+        one, commits up to the last closed segment (or everything) unconfirmed and cuts there.
+
+        A stalled window is cut early because Whisper may keep ending its text with the committed words:
+        base, given a committed Mandarin sentence and the next one 0.3 s after it, wrote the first alone
+        for four steps and then lost the second (issue #24); decoded from the cut, the new speech is all
+        the window holds."""
         window_s = self.audio.size / SAMPLE_RATE
-        if window_s <= self.options.trim_s:
+        if window_s <= self.options.trim_s and not stalled:
             return
         cuts = [c for c in (self._segment_cut(hyp, n_committed), self._pause_cut()) if c is not None]
         if cuts:

@@ -40,6 +40,7 @@ from aural.app.widgets.presentation import CaptionWindow
 from aural.engine.capture import InputDevice
 from aural.engine.errors import DeviceError
 from aural.engine.journal import read_session, sessions_dir, unclosed_sessions
+from aural.engine.models import list_models
 from aural.engine.streaming import Metrics
 from audio_harness import private_mic, pulse_modules, virtual_mic  # noqa: F401 - the virtual microphone fixtures
 
@@ -327,6 +328,37 @@ def test_live_captions_from_the_virtual_microphone(virtual_mic, make_window, qtb
     reference = normalized(JFK_TEXT).split()
     assert sum(w in words for w in reference) >= 0.8 * len(reference)
     assert [s.text for s in window.live.transcript] and window.last_error == ""
+
+
+@pytest.mark.audio
+@pytest.mark.skipif(not {e.name: e for e in list_models()}["base"].installed, reason="needs 'aural[base]'")
+def test_live_captions_detect_each_utterances_language(virtual_mic, make_window, settings, qtbot, tmp_path):
+    """Issue #24, bugs 1-3: "Detect automatically" with base, Mandarin then English through the microphone:
+    both Mandarin sentences are committed as zh in the user's script, the status bar names each language,
+    then JFK is committed as en."""
+    from test_streaming import check_zh_then_en, zh_then_en
+
+    settings.set(Key.MODEL, "base")
+    window = make_window(catalog=Catalog())
+    qtbot.waitUntil(window.controls.device_combo.isEnabled, timeout=SOURCE_S)
+    assert window.controls.language_combo.isEnabled() and window.controls.language_combo.currentData() == ""
+    commits, shown = [], set()
+    window.live.commit.connect(commits.append)
+    window.live.commit.connect(lambda _commit: shown.add(window.live_language.text()))
+    levels: list = []
+    window.live.level.connect(levels.append)
+    start_listening(window, qtbot, levels)
+    player = virtual_mic.play(zh_then_en(tmp_path), wait=False)
+    try:
+        qtbot.waitUntil(lambda: "country" in " ".join(c.text for c in commits if c.language == "en"), timeout=FILE_S)
+    finally:
+        player.wait(60)
+    with qtbot.waitSignal(window.live.running_changed, timeout=FILE_S):
+        window.toggle_live()
+    check_zh_then_en(commits)
+    assert {"Language: Chinese", "Language: English"} <= shown
+    spaced = "".join(c.text for c in commits if c.language == "zh")
+    assert spaced in window.captions.committed_text()  # no spaces put between Chinese commits
 
 
 def start_listening(window, qtbot, levels: list) -> None:
