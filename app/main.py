@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, QSocketNotifier
 from PySide6.QtWidgets import QApplication
 
 from aural.engine.audio import SAMPLE_RATE
@@ -26,6 +28,8 @@ from .theme import apply_theme
 from .window import MainWindow
 
 __all__ = ["build_window", "main"]
+
+logger = logging.getLogger(__name__)
 
 
 def build_window(settings: Settings, *, open_source: Callable[[str], object] = open_microphone,
@@ -86,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     apply_theme(app)
     window = build_window(Settings(QSettings()), **_replay(args.replay) if args.replay else {})
     instance.launched.connect(window.open_launch)
+    _close_on_signals(window)
     window.show()
     window.add_files(files)
     if args.caption_window:
@@ -93,6 +98,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.start:
         window.toggle_live()
     return app.exec()
+
+
+def _close_on_signals(window: MainWindow) -> None:
+    """SIGTERM (a logout, `kill`) and SIGINT (Ctrl+C in a terminal) close the window as its close button
+    does: the live tail is committed and the session journal closed, so the next launch has nothing to
+    offer for restoring. Python runs signal handlers only between bytecodes and Qt's event loop runs
+    none, so the signal's wake-up byte, written to a socket pair, is what wakes the loop."""
+    wake, wakeup_fd = socket.socketpair()
+    for end in (wake, wakeup_fd):
+        end.setblocking(False)
+    signal.set_wakeup_fd(wakeup_fd.fileno())
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: None)  # the work is done below, in the event loop
+    notifier = QSocketNotifier(wake.fileno(), QSocketNotifier.Type.Read, window)
+
+    def on_signal() -> None:
+        wake.recv(64)
+        logger.info("signal received: closing")
+        window.close()
+
+    notifier.activated.connect(on_signal)
+    window.destroyed.connect(lambda: (wake.close(), wakeup_fd.close()))
 
 
 def _replay(path: str) -> dict:

@@ -609,6 +609,24 @@ def test_a_killed_app_offers_its_captions_at_the_next_launch(virtual_mic, make_w
     assert not again.restore_bar.isVisible()
 
 
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_terminated_app_quits_cleanly_and_offers_nothing_to_restore(qtbot, tmp_path, data_dir, journal_dir, number):
+    """A logout's SIGTERM, or Ctrl+C in the terminal that started it, closes the app as its window's close
+    button does: the captions so far are committed and the session closed."""
+    clip = data_dir / "en_speechbrain_example1.wav"
+    app, log = launch_app(app_env(tmp_path, PULSE_SERVER="unix:/nonexistent"), "--replay", clip, "--start")
+    try:
+        qtbot.waitUntil(lambda: any(getattr(read_session(p), "entries", None)
+                                    for p in journal_dir.glob("session-*.jsonl")) or app.poll() is not None,
+                        timeout=FILE_S)
+        app.send_signal(number)
+        assert app.wait(60) == 0, "".join(log)
+    finally:
+        app.kill()
+    [journal] = journal_dir.glob("session-*.jsonl")
+    assert read_session(journal).outcome == "stopped" and unclosed_sessions(journal_dir) == []
+
+
 def crash_with_session(directory, texts) -> None:
     """A process that journals `texts` and dies without closing its session."""
     code = textwrap.dedent(f"""

@@ -76,7 +76,8 @@ class App:
         # Aural the user is running does not take the launch over.
         runtime = config_dir / "runtime"
         runtime.mkdir(mode=0o700, exist_ok=True)
-        env = dict(display.env, XDG_CONFIG_HOME=str(config_dir), XDG_RUNTIME_DIR=str(runtime))
+        env = dict(display.env, XDG_CONFIG_HOME=str(config_dir), XDG_RUNTIME_DIR=str(runtime),
+                   AURAL_USER_DATA_DIR=str(config_dir / "user-data"))  # its session journals, not the user's
         self.display = display
         self.lines: list[str] = []
         self.started = time.monotonic()
@@ -121,6 +122,11 @@ class App:
 
 def shoot_live(display: Display, out: Path, config: Path, *, caption_window: bool = False) -> dict[str, float]:
     """Live captions of LIVE_CLIP: the main window, or (on top of it) the caption window."""
+    # The metrics panel starts collapsed for a newcomer; the screenshot shows it open, as View → Metrics
+    # panel leaves it (the settings file is the one QSettings writes for organisation and app "Aural").
+    settings = config / "Aural" / "Aural.conf"
+    settings.parent.mkdir(exist_ok=True)
+    settings.write_text("[window]\nmetrics_shown=true\n")
     app = App(display, ["--replay", str(LIVE_CLIP), "--start", *(["--caption-window"] * caption_window)], config)
     run = "caption window run" if caption_window else "live run"
     try:
