@@ -32,6 +32,7 @@ class Key(Enum):
     INITIAL_PROMPT = ("decoding/initial_prompt", str, "")
     TRANSLATE = ("decoding/translate", bool, False)  # task "translate": English text (multilingual models)
     # The caption window (View → Caption window).
+    CAPTION_FONT_FAMILY = ("captions/font_family", str, "")  # "": the application's font
     CAPTION_FONT_PX = ("captions/font_px", int, 0)  # 0: follows the window's height
     CAPTION_ON_TOP = ("captions/always_on_top", bool, False)
     CAPTION_TEXT_COLOR = ("captions/text_color", str, "#ffffff")

@@ -30,7 +30,7 @@ from .widgets.file_queue import FileQueueView
 from .widgets.file_result import EXPORT_FORMATS, FileResultView
 from .widgets.metrics import MetricsPanel
 from .widgets.preferences import PreferencesDialog, transcribe_options
-from .widgets.presentation import CaptionWindow
+from .widgets.presentation import CaptionLook, CaptionWindow
 from .widgets.restore_bar import RestoreBar
 from .workers import DoctorWorker, start_worker
 
@@ -338,8 +338,9 @@ class MainWindow(QMainWindow):
 
     def _apply_caption_settings(self) -> None:
         s = self._settings
-        self.caption_window.set_look(s.get(Key.CAPTION_FONT_PX), s.get(Key.CAPTION_ON_TOP),
-                                     s.get(Key.CAPTION_TEXT_COLOR), s.get(Key.CAPTION_BACKGROUND))
+        self.caption_window.set_look(CaptionLook(s.get(Key.CAPTION_FONT_FAMILY), s.get(Key.CAPTION_FONT_PX),
+                                                 s.get(Key.CAPTION_ON_TOP), s.get(Key.CAPTION_TEXT_COLOR),
+                                                 s.get(Key.CAPTION_BACKGROUND)))
 
     @Slot(bool)
     def show_metrics(self, shown: bool) -> None:

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 import srt
 from PySide6.QtCore import QMimeData, QPoint, QPointF, QSettings, Qt, QThread, QUrl
-from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
+from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent, QFont
 from PySide6.QtWidgets import QApplication, QFileDialog, QLabel, QToolButton, QWidget
 
 from aural.app import jobs
@@ -754,11 +754,13 @@ def test_preferences_pick_the_model_the_input_and_the_caption_colours(make_windo
     dialog.input.setCurrentIndex(dialog.input.findData("Headset"))
     dialog.text_color.set_color("#ffee00")
     dialog.background.set_color("#002244")
+    dialog.font_family.setCurrentFont(QFont("DejaVu Serif"))
     with qtbot.waitSignal(window.models.loading, timeout=5000, check_params_cb=lambda spec: spec == "tiny.en"):
         dialog.accept()
     assert window.controls.current_device() == "Headset" and window._settings.get(Key.INPUT_DEVICE) == "Headset"
     caption = window.caption_window
     assert "#ffee00" in caption.styleSheet() and "#002244" in caption.styleSheet()
+    assert caption.findChild(QLabel, "captionText").font().family() == "DejaVu Serif"
     caption.resize(400, 200)
     caption.show()
     qtbot.waitExposed(caption)

@@ -9,8 +9,8 @@ window's look; QSettings-backed.
 from __future__ import annotations
 
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QCheckBox, QColorDialog, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox,
-                               QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QColorDialog, QComboBox, QDialog, QDialogButtonBox, QFontComboBox,
+                               QFormLayout, QGroupBox, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from aural.engine.runtime import MAX_SEQUENCES
 from aural.engine.transcribe import TranscribeOptions
@@ -97,6 +97,8 @@ class PreferencesDialog(QDialog):
         self.hotwords = QLineEdit(placeholderText="names or terms likely to be spoken")
         self.initial_prompt = QLineEdit(placeholderText="text that sets the style of the first window")
         self.translate = QCheckBox("Translate to English (multilingual models)")
+        self.font_family = QFontComboBox()
+        self.font_family.setToolTip("The captions' typeface")
         self.font_px = QSpinBox(minimum=0, maximum=400, suffix=" px", specialValueText="follows the window")
         self.on_top = QCheckBox("Always on top")
         self.text_color = ColorButton()
@@ -115,6 +117,7 @@ class PreferencesDialog(QDialog):
         form.addRow("", self.translate)
         captions = QGroupBox("Caption window")
         form = QFormLayout(captions)
+        form.addRow("Font", self.font_family)
         form.addRow("Font size", self.font_px)
         form.addRow("Text colour", self.text_color)
         form.addRow("Background", self.background)
@@ -139,10 +142,18 @@ class PreferencesDialog(QDialog):
                 (Key.HOTWORDS, self.hotwords.text, self.hotwords.setText),
                 (Key.INITIAL_PROMPT, self.initial_prompt.text, self.initial_prompt.setText),
                 (Key.TRANSLATE, self.translate.isChecked, self.translate.setChecked),
+                (Key.CAPTION_FONT_FAMILY, lambda: self.font_family.currentFont().family(), self._set_family),
                 (Key.CAPTION_FONT_PX, self.font_px.value, self.font_px.setValue),
                 (Key.CAPTION_ON_TOP, self.on_top.isChecked, self.on_top.setChecked),
                 (Key.CAPTION_TEXT_COLOR, self.text_color.color, self.text_color.set_color),
                 (Key.CAPTION_BACKGROUND, self.background.color, self.background.set_color))
+
+    def _set_family(self, family: str) -> None:
+        """Shows `family`, or the application's font for "" (the caption window's default)."""
+        font = self.font()
+        if family:
+            font.setFamily(family)
+        self.font_family.setCurrentFont(font)
 
     def _load(self) -> None:
         for key, _read, write in self._fields():

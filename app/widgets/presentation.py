@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 
 from PySide6.QtCore import Qt, Slot
 from PySide6.QtGui import QColor, QResizeEvent
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-__all__ = ["CaptionWindow"]
+__all__ = ["CaptionLook", "CaptionWindow"]
 
 # Characters of committed text kept on screen: about three lines at the default size; older text
 # scrolls off the top, as on broadcast captions.
@@ -18,6 +19,24 @@ _FONT_SHARE = 0.11
 _MIN_FONT_PX = 18
 # The tentative tail's colour: this share of the way from the background to the text colour.
 _TAIL_SHARE = 0.6
+
+
+@dataclass(frozen=True)
+class CaptionLook:
+    """How the caption window looks (Preferences → Caption window).
+
+    Attributes:
+        font_family: a font family name; "" for the application's font.
+        font_px: a fixed font size in pixels; 0: a share of the window's height.
+        on_top: the window stays above the others (captions over a video call or a slide show).
+        text_color, background: `#rrggbb`.
+    """
+
+    font_family: str = ""
+    font_px: int = 0
+    on_top: bool = False
+    text_color: str = "#ffffff"
+    background: str = "#07090c"
 
 
 def _tail(text: str, limit: int) -> str:
@@ -40,7 +59,7 @@ class CaptionWindow(QWidget):
         self._committed = ""
         self._partial = ""
         self._partial_spaced = True
-        self._font_px = 0
+        self._look = CaptionLook()
         self._tail_color = "#9aa4b2"
         self._label = QLabel(self)
         self._label.setObjectName("captionText")
@@ -72,17 +91,15 @@ class CaptionWindow(QWidget):
         self._committed = self._partial = ""
         self._render()
 
-    def set_look(self, font_px: int, on_top: bool, text_color: str = "#ffffff",
-                 background: str = "#07090c") -> None:
-        """A fixed font size in pixels (0: a share of the window's height), whether the window stays
-        above the others (for captions over a video call or a slide show) and its colours (`#rrggbb`)."""
-        self._font_px = font_px
+    def set_look(self, look: CaptionLook) -> None:
+        self._look = look
         self._fit_font(self.height())
-        self.setStyleSheet(f"#captionWindow {{ background: {background}; }} #captionText {{ color: {text_color}; }}")
-        self._tail_color = _mix(QColor(background), QColor(text_color), _TAIL_SHARE)
+        self.setStyleSheet(f"#captionWindow {{ background: {look.background}; }} "
+                           f"#captionText {{ color: {look.text_color}; }}")
+        self._tail_color = _mix(QColor(look.background), QColor(look.text_color), _TAIL_SHARE)
         self._render()
         shown = self.isVisible()
-        self.setWindowFlag(Qt.WindowType.WindowStaysOnTopHint, on_top)
+        self.setWindowFlag(Qt.WindowType.WindowStaysOnTopHint, look.on_top)
         if shown:
             self.show()  # changing a window flag hides the window
 
@@ -92,7 +109,9 @@ class CaptionWindow(QWidget):
 
     def _fit_font(self, height: int) -> None:
         font = self._label.font()
-        font.setPixelSize(self._font_px or max(_MIN_FONT_PX, int(height * _FONT_SHARE)))
+        if self._look.font_family:
+            font.setFamily(self._look.font_family)
+        font.setPixelSize(self._look.font_px or max(_MIN_FONT_PX, int(height * _FONT_SHARE)))
         self._label.setFont(font)
 
     def _render(self) -> None:
