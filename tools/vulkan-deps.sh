@@ -7,8 +7,8 @@
 # libvulkan-dev and spirv-headers are header packages (plus a loader symlink), so they are downloaded with
 # a private apt configuration naming trixie and unpacked into build/vulkan-headers/, never installed: the
 # system keeps Debian 12's loader and every other package at its Debian 12 version.
-# Prints the CMake arguments that point ggml at those headers (nothing on Debian 13, where the system
-# packages are new enough) as its last line of stdout; the Makefile passes them on.
+# Prints the prefix holding those headers (an empty line on Debian 13, where the system packages are new
+# enough) as its last line of stdout; the Makefile hands it to CMake.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,4 +63,4 @@ EOF
   done
   touch "$HDR/.done"
 fi
-echo "-DCMAKE_PREFIX_PATH=$HDR/usr -DVulkan_INCLUDE_DIR=$HDR/usr/include"
+echo "$HDR/usr"
