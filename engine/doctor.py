@@ -131,6 +131,7 @@ def format_report(report: dict[str, Any]) -> str:
             ("cpu variants", "runs " + ", ".join(report["cpu_level"]["runnable"] or ["built-in"])),
             ("extra buffers", _format_buffers(report["cpu_level"])),
             ("selected device", report["selected_device"]),
+            *([("gpu", note)] if (note := _software_gpu_note(report["devices"])) else []),
             ("default threads", str(report["default_threads"])),
             ("cpu features", " ".join(k if v == "1" else f"{k}={v}" for k, v in report["cpu_features"].items())),
             ("aural cpu kernels", _format_kernels(report["cpu_kernels"]) + f" (up to {report['cpu_level']['kernel_isa']})"),
@@ -149,11 +150,21 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines + ["", "devices:", _device_table(report["devices"])])
 
 
+def _software_gpu_note(devices: list[dict[str, Any]]) -> str | None:
+    """A plain line when every GPU ggml offers is a software one (Mesa's llvmpipe), which auto skips."""
+    gpus = [d for d in devices if d["type"] in ("gpu", "igpu")]
+    if not gpus or not all(d["software"] for d in gpus):
+        return None
+    names = ", ".join(f"{d['name']} ({d['description']})" for d in gpus)
+    return (f"no hardware GPU; only software ones: {names}. They run on the CPU, slower than the CPU backend, "
+            "so auto uses the CPU; --backend names one to use it anyway")
+
+
 def _device_table(devices: list[dict[str, Any]]) -> str:
     header = ("NAME", "TYPE", "BACKEND", "FREE", "TOTAL", "WEIGHT TYPES", "DESCRIPTION")
     rows = [header] + [
-        (d["name"], d["type"], d["backend"], _gib(d["memory_free"]), _gib(d["memory_total"]),
-         " ".join(d["weight_types"]), d["description"])
+        (d["name"], d["type"] + (" (software)" if d["software"] else ""), d["backend"], _gib(d["memory_free"]),
+         _gib(d["memory_total"]), " ".join(d["weight_types"]), d["description"])
         for d in devices
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

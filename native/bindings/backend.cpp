@@ -25,6 +25,7 @@ py::dict device_dict(const device_info & d) {
     out["description"] = d.description;
     out["backend"] = d.backend;
     out["type"] = d.type;
+    out["software"] = d.software;
     out["memory_free"] = d.memory_free;
     out["memory_total"] = d.memory_total;
     return out;
