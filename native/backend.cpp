@@ -54,6 +54,12 @@ std::string available_names() {
         names += (i ? ", " : "");
         names += ggml_backend_dev_name(ggml_backend_dev_get(i));
     }
+    for (const std::string & reg : backends_without_devices()) {
+        names += "; the " + reg + " backend found no device";
+        if (reg == "Vulkan") {
+            names += " (ggml lists a CPU-type one, such as Mesa's llvmpipe, only when GGML_VK_VISIBLE_DEVICES names it)";
+        }
+    }
     return names;
 }
 
@@ -74,6 +80,18 @@ bool is_software_device(ggml_backend_dev_t dev) {
     const std::string desc = ggml_backend_dev_description(dev);
     return ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU &&
            (desc.rfind("llvmpipe", 0) == 0 || desc.rfind("SwiftShader", 0) == 0);
+}
+
+std::vector<std::string> backends_without_devices() {
+    ensure_backends_loaded();
+    std::vector<std::string> out;
+    for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+        ggml_backend_reg_t reg = ggml_backend_reg_get(i);
+        if (ggml_backend_reg_dev_count(reg) == 0) {
+            out.emplace_back(ggml_backend_reg_name(reg));
+        }
+    }
+    return out;
 }
 
 device_info describe_device(ggml_backend_dev_t dev) {

@@ -38,6 +38,9 @@ device_info describe_device(ggml_backend_dev_t dev);
 // GGML_VK_VISIBLE_DEVICES names them), and such a device runs Whisper slower than ggml's CPU backend.
 bool is_software_device(ggml_backend_dev_t dev);
 
+// Backends that ggml loaded but that offer no device (e.g. Vulkan without a GPU, where ggml hides llvmpipe).
+std::vector<std::string> backends_without_devices();
+
 // The backend policy, in one place, with each decision logged (ref: whisper.cpp whisper_backend_init):
 // "auto" -> the first discrete GPU, then an integrated GPU, else the CPU; software GPUs are skipped (logged).
 // Accelerators (BLAS, AMX) hold no weights: they join every scheduler beside the primary device (see

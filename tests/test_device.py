@@ -12,6 +12,7 @@ import os
 import jiwer
 import numpy as np
 import pytest
+from conftest import assert_one_error_line, english_dev_clips, run_cli
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine import audio, doctor, features  # first: the engine package sets the OpenMP spin limit
@@ -27,6 +28,7 @@ WER_BOUND = 1 / 22
 # Aural's CPU-only ops (ggml_map_custom1/3: GELU, encoder attention; ggml_custom_4d: int8 products and
 # activation quantisation): no device runs them, so one on a device's graph would show as a fallback.
 CUSTOM_OPS = {"CUSTOM", "MAP_CUSTOM1", "MAP_CUSTOM2", "MAP_CUSTOM3"}
+DEV_CLIPS = ("en_libri_1089-134686-0001.flac", "en_picovoice_test_1272-128104-0000.wav", "en_speechbrain_example1.wav")
 SOT, NO_TIMESTAMPS, EOT = 50257, 50362, 50256  # tiny.en special tokens
 
 normalize = EnglishTextNormalizer()
@@ -87,6 +89,20 @@ def test_jfk_words_match_the_cpu(device_model, cpu_model, jfk_wav, beam_size):
     assert device_text == cpu_text or jiwer.wer(cpu_text, device_text) <= WER_BOUND, (device_text, cpu_text)
 
 
+def test_dev_clips_keep_the_cpus_wer(device_model, cpu_model):
+    """Three short dev clips (a 15 s window each: 10 s apiece on llvmpipe) at most one word worse than the CPU."""
+    clips = [c for c in english_dev_clips() if c.path.name in DEV_CLIPS]
+    assert len(clips) == len(DEV_CLIPS)
+    references = [normalize(c.reference) for c in clips]
+
+    def wer(model):
+        return jiwer.wer(references, [text_of(model, c.path, beam_size=None)[0] for c in clips])
+
+    device_wer, cpu_wer = wer(device_model), wer(cpu_model)
+    print(f"WER on {len(clips)} dev clips: {BACKEND} {device_wer:.2%}, CPU {cpu_wer:.2%}")
+    assert device_wer <= cpu_wer + 1 / sum(len(r.split()) for r in references)
+
+
 def test_word_times_match_the_cpu(device_model, cpu_model, jfk_wav):
     _, device_segments, _ = text_of(device_model, jfk_wav, beam_size=None, word_timestamps=True)
     _, cpu_segments, _ = text_of(cpu_model, jfk_wav, beam_size=None, word_timestamps=True)
@@ -125,13 +141,31 @@ def test_backend_report_names_the_fallbacks_and_no_custom_op(device_model, jfk_m
         assert bool(report[graph]["fallback_ops"]) == (nodes.get("CPU", 0) > 0), report[graph]
 
 
-def test_a_software_device_is_named_and_auto_keeps_the_cpu(device_model):
-    """Mesa's llvmpipe, ggml's only Vulkan device on a machine without a GPU, runs slower than the CPU backend."""
-    devices = {d["name"]: d for d in _native.devices()}
-    gpus = [d for d in devices.values() if d["type"] in ("gpu", "igpu")]
-    if not devices[device_model.device]["software"] or not all(d["software"] for d in gpus):
+@pytest.fixture
+def only_software_gpus():
+    """Skips on a machine with a hardware GPU: the tests below are about one with none (Mesa's llvmpipe as
+    ggml's only Vulkan device, which runs slower than the CPU backend)."""
+    gpus = [d for d in _native.devices() if d["type"] in ("gpu", "igpu")]
+    if not all(d["software"] for d in gpus):
         pytest.skip("this machine has a hardware GPU")
+
+
+def test_a_software_device_is_named_and_auto_keeps_the_cpu(device_model, only_software_gpus):
     assert _native.select_device("auto") == "CPU"
     text = doctor.format_report(doctor.report())
     assert f"only software ones: {device_model.device} (" in text
     assert "gpu (software)" in text
+
+
+def test_without_visible_devices_a_software_vulkan_device_is_hidden_and_named(device_model, only_software_gpus,
+                                                                              jfk_wav):
+    """ggml lists llvmpipe only when GGML_VK_VISIBLE_DEVICES names it: without it, the doctor and a load on
+    the device say so rather than list only the CPU."""
+    if device_model.backend != "Vulkan":
+        pytest.skip("not a Vulkan device")
+    env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
+    proc = run_cli(env, "doctor")
+    assert proc.returncode == 0, proc.stderr
+    assert "the Vulkan backend found no device" in proc.stdout and "GGML_VK_VISIBLE_DEVICES=0" in proc.stdout
+    assert_one_error_line(run_cli(env, "transcribe", "--backend", device_model.device, jfk_wav),
+                          "the Vulkan backend found no device", "GGML_VK_VISIBLE_DEVICES")

@@ -13,7 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . /etc/os-release
-major=${VERSION_ID%%.*}
+major=${VERSION_ID:-14}  # testing and sid name no VERSION_ID: newer than 13
+major=${major%%.*}
 PACKAGES=(libvulkan1 glslc mesa-vulkan-drivers)
 [ "$major" -ge 13 ] && PACKAGES+=(libvulkan-dev spirv-headers)
 
@@ -48,7 +49,8 @@ Suites: trixie
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
-  # Only this sources list and this lists directory: the system's apt state is neither read nor written.
+  # Only this sources list and this lists directory: the system's apt state is neither read nor written, so
+  # no lock on it is taken either (another apt may hold the system's).
   apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/trixie.sources" -o "Dir::Etc::SourceParts=-"
             -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir" -o "Dir::Cache::Archives=$apt_dir/archives"
             -o "Debug::NoLocking=1" -o "APT::Get::List-Cleanup=0")

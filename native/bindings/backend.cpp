@@ -69,6 +69,8 @@ void register_backend(py::module_ & m) {
         for (const auto & d : list_devices()) out.append(device_dict(d));
         return out;
     }, "Every device of every registered ggml backend: name, description, backend, type, memory.");
+    m.def("backends_without_devices", &backends_without_devices,
+          "ggml backends that are loaded but offer no device (Vulkan without a GPU: ggml hides llvmpipe).");
     m.def("select_device", [](const std::string & want) {
         return std::string(ggml_backend_dev_name(select_device(want)));
     }, py::arg("want") = "auto", "The device the backend policy picks for `want` (logged).");
