@@ -17,7 +17,9 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine import audio, doctor, features  # first: the engine package sets the OpenMP spin limit
 from aural import _native  # noqa: I001
+from aural.engine.capture import ReplaySource
 from aural.engine.runtime import WhisperModel
+from aural.engine.streaming import Commit, Metrics, live_events
 from aural.engine.transcribe import TranscribeOptions, transcribe
 
 BACKEND = os.environ.get("AURAL_TEST_BACKEND", "")
@@ -114,6 +116,21 @@ def test_word_times_match_the_cpu(device_model, cpu_model, jfk_wav):
     # 7.3 s) moved by 0.20 s, every other boundary by 0.02 s at most.
     shifts = sorted(abs(d.start - c.start) for d, c in zip(device_words, cpu_words))
     assert shifts[int(0.9 * len(shifts)) - 1] <= 0.04 and shifts[-1] <= 0.3, shifts
+
+
+def test_streaming_jfk_keeps_the_cpus_words(device_model, cpu_model, jfk_wav):
+    """JFK replayed as fast as it decodes (70 s on llvmpipe). A stream commits a word once two hypotheses
+    agree, so a rounding change in one partial can change a commit: on llvmpipe "ask not" came out as
+    "asked" + "not". Bound: two of JFK's 22 words."""
+    def stream(model):
+        events = list(live_events(model, ReplaySource(jfk_wav, speed=0)))
+        return normalize(" ".join(e.text for e in events if isinstance(e, Commit))), events[-1]
+
+    (device_text, metrics), (cpu_text, _) = stream(device_model), stream(cpu_model)
+    print(f"{BACKEND} stream: {device_text!r}, CPU {cpu_text!r}")
+    assert isinstance(metrics, Metrics) and metrics.device == device_model.device and metrics.kv_io_ms_per_token == 0
+    assert not CUSTOM_OPS & set(metrics.fallback_ops)
+    assert jiwer.wer(cpu_text, device_text) <= 2 / 22, (device_text, cpu_text)
 
 
 def test_device_kv_moves_no_bytes_and_host_kv_gives_the_same_tokens(device_model, jfk_mel):
