@@ -1,5 +1,6 @@
 # Aural: `make run` and `make test` do the whole set-up on a fresh Debian 12/13 machine.
-# ggml's backends are chosen when ggml-python is built:  make CMAKE_ARGS="-DGGML_VULKAN=ON" test
+# ggml's backends are chosen when ggml-python is built:  make CMAKE_ARGS="-DGGML_CUDA=ON" test
+# `make test-vulkan` builds a Vulkan ggml into its own .venv-vulkan and runs the device tests there.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -25,7 +26,7 @@ PY_LIST := $(shell mkdir -p build && find engine app -name '*.py' 2>/dev/null | 
 NATIVE_SRC := $(wildcard native/*.h native/*.cpp native/bindings/*.h native/bindings/*.cpp) \
 	native/CMakeLists.txt CMakeLists.txt pyproject.toml
 
-.PHONY: setup run test bench sample clean
+.PHONY: setup run test bench sample clean setup-vulkan test-vulkan
 
 setup: $(VENV)/.built
 
@@ -72,6 +73,26 @@ endif
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# ggml with its Vulkan backend, in .venv-vulkan beside the default .venv (same pins, same CPU build). On
+# Debian 12, tools/vulkan-deps.sh prints where it unpacked Debian 13's Vulkan headers. That prefix goes in
+# the environment's CMAKE_PREFIX_PATH, which CMake searches besides the cache variable: as -DCMAKE_PREFIX_PATH
+# it would replace the site-packages path where scikit-build-core lets Aural's build find ggml. Aural gets its
+# own build folder, as its CMake cache names the venv's ggml. Two build jobs (ggml's ~1300 shaders, the CPU
+# variants and ggml-vulkan.cpp): 13 minutes on the 2-core dev VM.
+VULKAN_VENV := .venv-vulkan
+setup-vulkan: build/.sysdeps
+	@prefix="$$(tools/vulkan-deps.sh | tail -n 1)" && \
+	CMAKE_PREFIX_PATH="$$prefix" SKBUILD_BUILD_DIR="build/vulkan/{wheel_tag}" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	$(MAKE) --no-print-directory VENV=$(VULKAN_VENV) \
+		CMAKE_ARGS="-DGGML_VULKAN=ON $${prefix:+-DVulkan_INCLUDE_DIR=$$prefix/include} $(CMAKE_ARGS)" setup
+
+# The device tier (tests -m device) on the first Vulkan device. ggml skips CPU-type Vulkan devices (Mesa's
+# lavapipe, the only one on a machine without a GPU) unless GGML_VK_VISIBLE_DEVICES names them; with a GPU,
+# device 0 is usually that GPU, so the same line tests it.
+test-vulkan: setup-vulkan
+	GGML_VK_VISIBLE_DEVICES=$${GGML_VK_VISIBLE_DEVICES:-0} AURAL_TEST_BACKEND=$${AURAL_TEST_BACKEND:-Vulkan0} \
+		$(VULKAN_VENV)/bin/python -m pytest -q -m device $(PYTEST_ARGS)
+
 # Rewrites the pins from the current .venv after a dependency changes in pyproject.toml.
 .PHONY: constraints
 constraints: setup
@@ -84,7 +105,7 @@ bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf build dist $(VENV)
+	rm -rf build dist $(VENV) $(VULKAN_VENV)
 
 # Packaging (packaging/build.sh): the wheel and sdist in dist/, and the self-contained one-folder bundle
 # dist/aural/ built by PyInstaller against a portable ggml (every CPU variant, chosen at run time) in

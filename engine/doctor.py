@@ -51,6 +51,7 @@ def _native_report() -> dict[str, Any]:
         "cpu_level": {"variant": level.variant, "reason": level.reason, "kernel_isa": level.kernel_isa,
                       "runnable": list(level.runnable), "extra_buffers": level.bufts, "excluded": list(level.excluded)},
         "devices": devices,
+        "backends_without_devices": list(_native.backends_without_devices()),
         "selected_device": _native.select_device("auto"),
         "cpu_features": dict(_native.cpu_features()),
         "cpu_kernels": dict(_native.cpu_kernels()),
@@ -131,6 +132,7 @@ def format_report(report: dict[str, Any]) -> str:
             ("cpu variants", "runs " + ", ".join(report["cpu_level"]["runnable"] or ["built-in"])),
             ("extra buffers", _format_buffers(report["cpu_level"])),
             ("selected device", report["selected_device"]),
+            *([("gpu", note)] if (note := _gpu_note(report["devices"], report["backends_without_devices"])) else []),
             ("default threads", str(report["default_threads"])),
             ("cpu features", " ".join(k if v == "1" else f"{k}={v}" for k, v in report["cpu_features"].items())),
             ("aural cpu kernels", _format_kernels(report["cpu_kernels"]) + f" (up to {report['cpu_level']['kernel_isa']})"),
@@ -149,11 +151,26 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines + ["", "devices:", _device_table(report["devices"])])
 
 
+def _gpu_note(devices: list[dict[str, Any]], empty_backends: list[str]) -> str | None:
+    """A plain line when a GPU backend is built but no hardware GPU is there: every GPU ggml offers is a
+    software one (Mesa's llvmpipe), which auto skips, or the backend offers none."""
+    gpus = [d for d in devices if d["type"] in ("gpu", "igpu")]
+    if gpus and all(d["software"] for d in gpus):
+        names = ", ".join(f"{d['name']} ({d['description']})" for d in gpus)
+        return (f"no hardware GPU; only software ones: {names}. They run on the CPU, slower than the CPU backend, "
+                "so auto uses the CPU; --backend names one to use it anyway")
+    if not gpus and empty_backends:
+        hidden = " (a software Vulkan device such as Mesa's llvmpipe shows only with GGML_VK_VISIBLE_DEVICES=0)"
+        return (f"no GPU: the {', '.join(empty_backends)} backend found no device"
+                + (hidden if "Vulkan" in empty_backends else ""))
+    return None
+
+
 def _device_table(devices: list[dict[str, Any]]) -> str:
     header = ("NAME", "TYPE", "BACKEND", "FREE", "TOTAL", "WEIGHT TYPES", "DESCRIPTION")
     rows = [header] + [
-        (d["name"], d["type"], d["backend"], _gib(d["memory_free"]), _gib(d["memory_total"]),
-         " ".join(d["weight_types"]), d["description"])
+        (d["name"], d["type"] + (" (software)" if d["software"] else ""), d["backend"], _gib(d["memory_free"]),
+         _gib(d["memory_total"]), " ".join(d["weight_types"]), d["description"])
         for d in devices
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

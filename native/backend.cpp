@@ -30,12 +30,20 @@ const char * type_name(enum ggml_backend_dev_type type) {
     }
 }
 
-ggml_backend_dev_t first_of_type(enum ggml_backend_dev_type type) {
+// The first device of `type`; with `skip_software`, the first that is not a software GPU (each skipped one logged).
+ggml_backend_dev_t first_of_type(enum ggml_backend_dev_type type, bool skip_software = false) {
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-        if (ggml_backend_dev_type(dev) == type) {
-            return dev;
+        if (ggml_backend_dev_type(dev) != type) {
+            continue;
         }
+        if (skip_software && is_software_device(dev)) {
+            AURAL_LOG_INFO("auto: skipping %s (%s): a software %s device that runs on the CPU, slower than the "
+                           "CPU backend; name it to use it anyway", ggml_backend_dev_name(dev),
+                           ggml_backend_dev_description(dev), ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)));
+            continue;
+        }
+        return dev;
     }
     return nullptr;
 }
@@ -45,6 +53,12 @@ std::string available_names() {
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         names += (i ? ", " : "");
         names += ggml_backend_dev_name(ggml_backend_dev_get(i));
+    }
+    for (const std::string & reg : backends_without_devices()) {
+        names += "; the " + reg + " backend found no device";
+        if (reg == "Vulkan") {
+            names += " (ggml lists a CPU-type one, such as Mesa's llvmpipe, only when GGML_VK_VISIBLE_DEVICES names it)";
+        }
     }
     return names;
 }
@@ -59,12 +73,34 @@ void ensure_backends_loaded() {
     });
 }
 
+bool is_software_device(ggml_backend_dev_t dev) {
+    // note: ggml keeps Vulkan's VkPhysicalDeviceType to itself and Aural links no Vulkan, so the device
+    // name is what tells: Mesa names lavapipe's device "llvmpipe (LLVM <version>, <bits> bits)", SwiftShader
+    // "SwiftShader Device (<JIT>)".
+    const std::string desc = ggml_backend_dev_description(dev);
+    return ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU &&
+           (desc.rfind("llvmpipe", 0) == 0 || desc.rfind("SwiftShader", 0) == 0);
+}
+
+std::vector<std::string> backends_without_devices() {
+    ensure_backends_loaded();
+    std::vector<std::string> out;
+    for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+        ggml_backend_reg_t reg = ggml_backend_reg_get(i);
+        if (ggml_backend_reg_dev_count(reg) == 0) {
+            out.emplace_back(ggml_backend_reg_name(reg));
+        }
+    }
+    return out;
+}
+
 device_info describe_device(ggml_backend_dev_t dev) {
     device_info info;
     info.name = ggml_backend_dev_name(dev);
     info.description = ggml_backend_dev_description(dev);
     info.backend = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
     info.type = type_name(ggml_backend_dev_type(dev));
+    info.software = is_software_device(dev);
     ggml_backend_dev_memory(dev, &info.memory_free, &info.memory_total);
     return info;
 }
@@ -83,7 +119,7 @@ ggml_backend_dev_t select_device(const std::string & want) {
     const std::string w = lower(want.empty() ? "auto" : want);
     if (w == "auto") {
         for (auto type : {GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU}) {
-            if (ggml_backend_dev_t dev = first_of_type(type)) {
+            if (ggml_backend_dev_t dev = first_of_type(type, /*skip_software=*/true)) {
                 AURAL_LOG_INFO("auto: using %s device %s (%s)", type_name(type), ggml_backend_dev_name(dev),
                                ggml_backend_dev_description(dev));
                 return dev;

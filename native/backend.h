@@ -22,6 +22,7 @@ struct device_info {
     std::string description;  // human-readable, e.g. the GPU model
     std::string backend;      // the backend registry that owns it, e.g. "CPU", "CUDA"
     std::string type;         // "cpu" | "gpu" | "igpu" | "accel"
+    bool software = false;    // a GPU API implemented on the CPU (is_software_device); type still says "gpu"
     size_t memory_free = 0;   // bytes
     size_t memory_total = 0;  // bytes
 };
@@ -32,9 +33,18 @@ void ensure_backends_loaded();
 std::vector<device_info> list_devices();
 device_info describe_device(ggml_backend_dev_t dev);
 
+// Whether `dev` is a software implementation of a GPU API on the CPU: Mesa's lavapipe ("llvmpipe") or
+// Google's SwiftShader. ggml types every Vulkan device as a GPU or iGPU (it hides CPU-type ones unless
+// GGML_VK_VISIBLE_DEVICES names them), and such a device runs Whisper slower than ggml's CPU backend.
+bool is_software_device(ggml_backend_dev_t dev);
+
+// Backends that ggml loaded but that offer no device (e.g. Vulkan without a GPU, where ggml hides llvmpipe).
+std::vector<std::string> backends_without_devices();
+
 // The backend policy, in one place, with each decision logged (ref: whisper.cpp whisper_backend_init):
-// "auto" -> the first discrete GPU, then an integrated GPU, else the CPU. Accelerators (BLAS, AMX)
-// hold no weights: they join every scheduler beside the primary device (see accelerators()).
+// "auto" -> the first discrete GPU, then an integrated GPU, else the CPU; software GPUs are skipped (logged).
+// Accelerators (BLAS, AMX) hold no weights: they join every scheduler beside the primary device (see
+// accelerators()).
 // Otherwise `want` names a device ("CUDA0") or a backend ("cuda", "vulkan", "cpu"), case-insensitive.
 // Throws std::invalid_argument naming the available devices when `want` matches none.
 ggml_backend_dev_t select_device(const std::string & want);

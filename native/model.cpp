@@ -96,6 +96,11 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     std::unique_ptr<model> m(new model());
     m->path = path;
     m->dev = select_device(device);
+    if (is_software_device(m->dev)) {  // only when named: auto skips them
+        AURAL_LOG_WARN("%s (%s) is a software %s device: it runs on the CPU, slower than the CPU backend",
+                       ggml_backend_dev_name(m->dev), ggml_backend_dev_description(m->dev),
+                       ggml_backend_reg_name(ggml_backend_dev_backend_reg(m->dev)));
+    }
     m->n_threads = n_threads > 0 ? n_threads : default_threads();
 
     ggml_context * meta_ctx = nullptr;

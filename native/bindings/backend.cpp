@@ -25,6 +25,7 @@ py::dict device_dict(const device_info & d) {
     out["description"] = d.description;
     out["backend"] = d.backend;
     out["type"] = d.type;
+    out["software"] = d.software;
     out["memory_free"] = d.memory_free;
     out["memory_total"] = d.memory_total;
     return out;
@@ -68,6 +69,8 @@ void register_backend(py::module_ & m) {
         for (const auto & d : list_devices()) out.append(device_dict(d));
         return out;
     }, "Every device of every registered ggml backend: name, description, backend, type, memory.");
+    m.def("backends_without_devices", &backends_without_devices,
+          "ggml backends that are loaded but offer no device (Vulkan without a GPU: ggml hides llvmpipe).");
     m.def("select_device", [](const std::string & want) {
         return std::string(ggml_backend_dev_name(select_device(want)));
     }, py::arg("want") = "auto", "The device the backend policy picks for `want` (logged).");
