@@ -111,3 +111,25 @@ def assert_one_error_line(proc, *fragments):
 
 # The virtual microphone (a private PulseAudio daemon), shared by every test that needs one.
 from audio_harness import virtual_mic  # noqa: E402, F401
+
+
+# tiny.en's special tokens (its tokenizer.json): end of text, start of transcript, no timestamps.
+TINY_EOT, TINY_SOT, TINY_NO_TIMESTAMPS = 50256, 50257, 50362
+
+
+def argmax_tokens(ctx, mel, max_tokens: int = 60) -> list[int]:
+    """Plain argmax decoding of tiny.en on a native Context (no Whisper rules): enough to compare two engine
+    configurations or devices."""
+    import numpy as np
+
+    ctx.encode(np.ascontiguousarray(mel))
+    logits = ctx.decode(np.array([TINY_SOT, TINY_NO_TIMESTAMPS], dtype=np.int32), 0)
+    tokens, n_past = [], 2
+    for _ in range(max_tokens):
+        token = int(np.argmax(logits[-1]))
+        if token == TINY_EOT:
+            break
+        tokens.append(token)
+        logits = ctx.decode(np.array([token], dtype=np.int32), n_past)
+        n_past += 1
+    return tokens

@@ -12,7 +12,7 @@ import os
 import jiwer
 import numpy as np
 import pytest
-from conftest import assert_one_error_line, english_dev_clips, run_cli
+from conftest import argmax_tokens, assert_one_error_line, english_dev_clips, run_cli
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine import audio, doctor, features  # first: the engine package sets the OpenMP spin limit
@@ -31,7 +31,6 @@ WER_BOUND = 1 / 22
 # activation quantisation): no device runs them, so one on a device's graph would show as a fallback.
 CUSTOM_OPS = {"CUSTOM", "MAP_CUSTOM1", "MAP_CUSTOM2", "MAP_CUSTOM3"}
 DEV_CLIPS = ("en_libri_1089-134686-0001.flac", "en_picovoice_test_1272-128104-0000.wav", "en_speechbrain_example1.wav")
-SOT, NO_TIMESTAMPS, EOT = 50257, 50362, 50256  # tiny.en special tokens
 
 normalize = EnglishTextNormalizer()
 
@@ -59,21 +58,6 @@ def text_of(model, wav, **options) -> tuple[str, list, object]:
     result = transcribe(model, wav, TranscribeOptions(language="en", **options))
     segments = list(result)
     return normalize("".join(s.text for s in segments)), segments, result.timings
-
-
-def greedy(ctx, mel, max_tokens=40) -> list[int]:
-    """Argmax decoding without Whisper's rules: enough to compare two KV modes on one device."""
-    ctx.encode(mel)
-    logits = ctx.decode(np.array([SOT, NO_TIMESTAMPS], dtype=np.int32), 0)
-    tokens, n_past = [], 2
-    for _ in range(max_tokens):
-        token = int(np.argmax(logits[-1]))
-        if token == EOT:
-            break
-        tokens.append(token)
-        logits = ctx.decode(np.array([token], dtype=np.int32), n_past)
-        n_past += 1
-    return tokens
 
 
 def test_the_model_loads_on_the_device_without_aurals_cpu_kernels(device_model):
@@ -136,16 +120,16 @@ def test_streaming_jfk_keeps_the_cpus_words(device_model, cpu_model, jfk_wav):
 def test_device_kv_moves_no_bytes_and_host_kv_gives_the_same_tokens(device_model, jfk_mel):
     device = device_model.new_session(kv_mode="device")
     host = device_model.new_session(kv_mode="host")
-    tokens = greedy(device, jfk_mel)
+    tokens = argmax_tokens(device, jfk_mel)
     assert len(tokens) > 10
-    assert greedy(host, jfk_mel) == tokens
+    assert argmax_tokens(host, jfk_mel) == tokens
     assert device.stats["kv_io_bytes_total"] == 0 and device.last_encode["kv_io_bytes"] == 0
     assert host.stats["kv_io_bytes_total"] > 0 and host.last_encode["kv_io_bytes"] > 0
 
 
 def test_backend_report_names_the_fallbacks_and_no_custom_op(device_model, jfk_mel):
     ctx = device_model.new_session()
-    greedy(ctx, jfk_mel, max_tokens=2)
+    argmax_tokens(ctx, jfk_mel, max_tokens=2)
     report = ctx.backend_report
     print(f"{BACKEND} falls back to the CPU for: {report['fallback_ops']}; encoder "
           f"{report['encoder']['nodes_per_backend']}, decoder {report['decoder']['nodes_per_backend']}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import gamma_f32
+from conftest import argmax_tokens, gamma_f32
 
 from aural.engine import audio, features  # first: the engine package sets the OpenMP spin limit
 from aural import _native  # noqa: I001
@@ -31,27 +31,12 @@ def first_logits(model, mel):
     return ctx.decode(np.array([SOT, NO_TIMESTAMPS], dtype=np.int32), 0)[-1]
 
 
-def greedy(ctx, mel, max_tokens=60):
-    """Plain argmax decoding (no Whisper rules): enough to compare two engine configurations."""
-    ctx.encode(np.ascontiguousarray(mel))
-    logits = ctx.decode(np.array([SOT, NO_TIMESTAMPS], dtype=np.int32), 0)
-    tokens, n_past = [], 2
-    for _ in range(max_tokens):
-        token = int(np.argmax(logits[-1]))
-        if token == EOT:
-            break
-        tokens.append(token)
-        logits = ctx.decode(np.array([token], dtype=np.int32), n_past)
-        n_past += 1
-    return tokens
-
-
 def test_device_and_host_kv_give_identical_tokens(native_model, jfk_mel):
     device = _native.Context(native_model, kv_mode="device")
     host = _native.Context(native_model, kv_mode="host")
-    tokens = greedy(device, jfk_mel)
+    tokens = argmax_tokens(device, jfk_mel)
     assert len(tokens) > 10
-    assert greedy(host, jfk_mel) == tokens
+    assert argmax_tokens(host, jfk_mel) == tokens
     # Device mode moves no KV bytes; host mode moves the whole prefix and the cross K/V every step.
     assert device.stats["kv_io_bytes_total"] == 0 and device.last_encode["kv_io_bytes"] == 0
     row = native_model.hparams["n_text_state"] * 2  # one f16 K or V row
@@ -63,24 +48,24 @@ def test_device_and_host_kv_give_identical_tokens(native_model, jfk_mel):
 
 def test_graph_is_reused_and_reuse_off_changes_nothing(native_model, jfk_mel):
     reused = _native.Context(native_model)
-    tokens = greedy(reused, jfk_mel)
+    tokens = argmax_tokens(reused, jfk_mel)
     stats = reused.stats
     assert stats["graph_reuses"] == stats["decode_calls"] - 2  # the prompt and the first 1-token step build
     assert reused.last_timings["reused"]
     fresh = _native.Context(native_model, graph_reuse=False)
-    assert greedy(fresh, jfk_mel) == tokens
+    assert argmax_tokens(fresh, jfk_mel) == tokens
     assert fresh.stats["graph_reuses"] == 0
     assert fresh.stats["graph_builds"] == fresh.stats["decode_calls"]
 
 
 def test_shorter_audio_context_keeps_the_words(native_model, jfk_mel):
     ctx = _native.Context(native_model)
-    full = greedy(ctx, jfk_mel)
-    short = greedy(ctx, jfk_mel[:, :1200])  # 12 s of context for 11 s of speech
+    full = argmax_tokens(ctx, jfk_mel)
+    short = argmax_tokens(ctx, jfk_mel[:, :1200])  # 12 s of context for 11 s of speech
     assert ctx.stats["cross_rows"] == 600
     # The same words; punctuation may differ (Whisper saw 30 s windows in training).
     assert len(set(short) & set(full)) >= 0.8 * len(set(full))
-    assert greedy(ctx, jfk_mel) == full  # back to 30 s: the original result
+    assert argmax_tokens(ctx, jfk_mel) == full  # back to 30 s: the original result
 
 
 def test_arena_limits_and_bad_arguments(native_model, jfk_mel):
@@ -132,7 +117,7 @@ def test_interrupt_stops_a_running_encode_and_every_later_call(native_model, jfk
 
 def test_backend_report_shows_where_ops_run(native_model, jfk_mel):
     ctx = _native.Context(native_model)
-    greedy(ctx, jfk_mel, max_tokens=2)
+    argmax_tokens(ctx, jfk_mel, max_tokens=2)
     report = ctx.backend_report
     assert report["primary"] == native_model.device
     assert sum(report["encoder"]["nodes_per_backend"].values()) > 50
@@ -437,7 +422,7 @@ def test_sequence_limits(native_model, jfk_mel):
 def test_align_returns_normalised_head_weights_and_teacher_forced_logits(native_model, jfk_mel):
     ctx = _native.Context(native_model)
     ctx.encode(np.ascontiguousarray(jfk_mel))
-    tokens = [SOT, NO_TIMESTAMPS] + greedy(_native.Context(native_model), jfk_mel) + [EOT]
+    tokens = [SOT, NO_TIMESTAMPS] + argmax_tokens(_native.Context(native_model), jfk_mel) + [EOT]
     ctx.encode(np.ascontiguousarray(jfk_mel))
     heads = [(1, 0), (3, 4)]
     weights, logits = ctx.align(np.array(tokens, dtype=np.int32), heads)
