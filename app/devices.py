@@ -19,14 +19,14 @@ from functools import partial
 
 from PySide6.QtCore import QObject, QProcess, QTimer, Signal, Slot
 
-from aural.engine.capture import PACTL_INFO, PACTL_SOURCES, InputDevice, parse_server_sources
+from aural.engine.capture import PACTL_INFO, PACTL_SOURCES, PACTL_TIMEOUT_S, InputDevice, parse_server_sources
 from aural.engine.errors import DeviceError
 
 __all__ = ["DeviceWatcher"]
 
 logger = logging.getLogger(__name__)
 
-_TIMEOUT_MS = 3000  # pactl answers in milliseconds; one that takes longer talks to a frozen server
+_TIMEOUT_MS = round(PACTL_TIMEOUT_S * 1000)  # the engine's own pactl deadline: a frozen server past it
 _SETTLE_MS = 100  # events come in bursts (a module load: new source, change, change): list once after them
 _RETRY_MS = 5000  # after the subscription ended (no server): how soon to try again
 

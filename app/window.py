@@ -256,8 +256,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Waiting for the model…" if waiting else "Listening…")
         else:
             self._started_at = None
-            self.captions.set_partial("")
-            self.caption_window.set_partial("")
+            self._set_partial("")
             if not self._showing_error():
                 self.statusBar().showMessage("Stopped.", 5000)
 
@@ -267,14 +266,26 @@ class MainWindow(QMainWindow):
             self._started_at = None
             logger.info("first partial %.2f s after Start", latency)
             self.statusBar().showMessage(f"Listening… first caption {latency:.2f} s after Start")
-        self.captions.set_partial(partial.text, partial.spaced)
-        self.caption_window.set_partial(partial.text, partial.spaced)
+        self._set_partial(partial.text, partial.spaced)
         self._show_live_language(partial.language)
 
     def _on_commit(self, commit) -> None:
-        self.captions.append_commit(commit.text, commit.spaced)
-        self.caption_window.append_commit(commit.text, commit.spaced)
+        self._append_caption(commit.text, commit.spaced)
         self._show_live_language(commit.language)
+
+    # The captions show in two views, the pane and the caption window, which change together.
+
+    def _set_partial(self, text: str, spaced: bool = True) -> None:
+        for view in (self.captions, self.caption_window):
+            view.set_partial(text, spaced)
+
+    def _append_caption(self, text: str, spaced: bool = True) -> None:
+        for view in (self.captions, self.caption_window):
+            view.append_commit(text, spaced)
+
+    def _clear_caption_views(self) -> None:
+        for view in (self.captions, self.caption_window):
+            view.clear_captions()
 
     def _show_live_language(self, code: str | None) -> None:
         """The language of what is being captioned: detected per utterance when the picker says
@@ -292,8 +303,7 @@ class MainWindow(QMainWindow):
         if not self.live.transcript and not self.captions.committed_text():
             return
         self.live.clear_transcript()
-        self.captions.clear_captions()
-        self.caption_window.clear_captions()
+        self._clear_caption_views()
         self._undo_clear_action.setEnabled(True)
         self.statusBar().showMessage("Captions cleared. Undo with Ctrl+Z.", 8000)
 
@@ -302,11 +312,9 @@ class MainWindow(QMainWindow):
         if not self.live.can_undo_clear:
             return
         segments = self.live.undo_clear()
-        self.captions.clear_captions()
-        self.caption_window.clear_captions()
+        self._clear_caption_views()
         for segment in segments:
-            self.captions.append_commit(segment.text, segment.spaced)
-            self.caption_window.append_commit(segment.text, segment.spaced)
+            self._append_caption(segment.text, segment.spaced)
         self._undo_clear_action.setEnabled(False)
         self.statusBar().showMessage("Captions restored.", 5000)
 
@@ -333,8 +341,7 @@ class MainWindow(QMainWindow):
         if not self.live.running:  # the pickers are locked while captioning; the next launch takes them
             self.controls.select_device(s.get(Key.INPUT_DEVICE))
             if s.get(Key.MODEL) != self.controls.model_combo.currentData():
-                self._pick_model(s.get(Key.MODEL))
-                self.controls.set_models(self._catalog.models(), s.get(Key.MODEL))
+                self.open_model(s.get(Key.MODEL))
 
     def _apply_caption_settings(self) -> None:
         s = self._settings
@@ -391,8 +398,7 @@ class MainWindow(QMainWindow):
             return
         self._offers.pop(0)
         for segment in segments:
-            self.captions.append_commit(segment.text)
-            self.caption_window.append_commit(segment.text)
+            self._append_caption(segment.text, segment.spaced)
         self.statusBar().showMessage(f"Restored {len(segments)} captions.", 5000)
         self._show_next_offer()
 
@@ -429,11 +435,12 @@ class MainWindow(QMainWindow):
         """A CTranslate2 or Hugging Face Whisper model directory."""
         self.open_model(QFileDialog.getExistingDirectory(self, "Open a Whisper model folder"))
 
-    def open_model(self, path: str) -> None:
-        if not path:
+    def open_model(self, spec: str) -> None:
+        """Loads `spec` (a known name or a path) and shows it in the picker at once."""
+        if not spec:
             return
-        self._pick_model(path)
-        self.controls.set_models(self._catalog.models(), path)
+        self._pick_model(spec)
+        self.controls.set_models(self._catalog.models(), spec)
 
     def _on_model_ready(self, model) -> None:
         if self._started_at is not None:  # a Start that waited for the model: time it from now

@@ -36,7 +36,7 @@ import numpy as np
 from .audio import SAMPLE_RATE, Resampler16k, stream_audio
 from .errors import AudioError, DeviceError
 
-__all__ = ["InputDevice", "PACTL_INFO", "PACTL_SOURCES", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource",
+__all__ = ["InputDevice", "PACTL_INFO", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource",
            "ReplaySource", "parse_server_sources", "portaudio_input_devices", "server_sources"]
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ _STALL_S = 5.0
 # for good in tests/test_capture.py with the PulseAudio daemon stopped). A healthy close takes a few ms.
 _CLOSE_TIMEOUT_S = 2.0
 # pactl answers in milliseconds; one that takes longer talks to a frozen server.
-_PACTL_TIMEOUT_S = 3.0
+PACTL_TIMEOUT_S = 3.0
 # pactl's arguments for the server's defaults and for its sources, as JSON (pactl 16 and later).
 PACTL_INFO = ("-f", "json", "info")
 PACTL_SOURCES = ("-f", "json", "list", "sources")
@@ -122,7 +122,7 @@ def portaudio_input_devices() -> list[InputDevice]:
     ]
 
 
-def server_sources(pactl: str = "pactl", timeout_s: float = _PACTL_TIMEOUT_S) -> list[InputDevice]:
+def server_sources(pactl: str = "pactl", timeout_s: float = PACTL_TIMEOUT_S) -> list[InputDevice]:
     """The PulseAudio (or PipeWire-pulse) server's sources, microphones first; raises DeviceError when
     `pactl` is missing or fails, or no server answers within timeout_s."""
     info, sources = (_run_pactl(pactl, args, timeout_s) for args in (PACTL_INFO, PACTL_SOURCES))

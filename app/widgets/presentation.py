@@ -38,6 +38,11 @@ class CaptionLook:
     text_color: str = "#ffffff"
     background: str = "#07090c"
 
+    @property
+    def tail_color(self) -> str:
+        """The tentative tail's colour, between the background and the text colour."""
+        return _mix(QColor(self.background), QColor(self.text_color), _TAIL_SHARE)
+
 
 def _tail(text: str, limit: int) -> str:
     """The end of text, at most `limit` characters, cut at a word boundary."""
@@ -60,7 +65,6 @@ class CaptionWindow(QWidget):
         self._partial = ""
         self._partial_spaced = True
         self._look = CaptionLook()
-        self._tail_color = "#9aa4b2"
         self._label = QLabel(self)
         self._label.setObjectName("captionText")
         self._label.setWordWrap(True)
@@ -96,7 +100,6 @@ class CaptionWindow(QWidget):
         self._fit_font(self.height())
         self.setStyleSheet(f"#captionWindow {{ background: {look.background}; }} "
                            f"#captionText {{ color: {look.text_color}; }}")
-        self._tail_color = _mix(QColor(look.background), QColor(look.text_color), _TAIL_SHARE)
         self._render()
         shown = self.isVisible()
         self.setWindowFlag(Qt.WindowType.WindowStaysOnTopHint, look.on_top)
@@ -116,7 +119,7 @@ class CaptionWindow(QWidget):
 
     def _render(self) -> None:
         separator = " " if self._partial_spaced and self._committed else ""
-        partial = (f'{separator}<span style="color:{self._tail_color}">{html.escape(self._partial)}</span>'
+        partial = (f'{separator}<span style="color:{self._look.tail_color}">{html.escape(self._partial)}</span>'
                    if self._partial else "")
         self._label.setText(f"{html.escape(self._committed)}{partial}")
 
