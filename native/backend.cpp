@@ -73,6 +73,11 @@ void ensure_backends_loaded() {
     });
 }
 
+uint32_t decoder_ubatch_limit(ggml_backend_dev_t dev) {
+    const std::string reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
+    return reg == "Vulkan" ? 31 : UINT32_MAX;
+}
+
 bool is_software_device(ggml_backend_dev_t dev) {
     // note: ggml keeps Vulkan's VkPhysicalDeviceType to itself and Aural links no Vulkan, so the device
     // name is what tells: Mesa names lavapipe's device "llvmpipe (LLVM <version>, <bits> bits)", SwiftShader

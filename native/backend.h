@@ -8,7 +8,7 @@
 #pragma once
 
 #include <atomic>
-
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -48,6 +48,13 @@ std::vector<std::string> backends_without_devices();
 // Otherwise `want` names a device ("CUDA0") or a backend ("cuda", "vulkan", "cpu"), case-insensitive.
 // Throws std::invalid_argument naming the available devices when `want` matches none.
 ggml_backend_dev_t select_device(const std::string & want);
+
+// The most tokens one decoder graph may take on `dev` (longer batches are decoded in pieces this long):
+// unlimited (UINT32_MAX) except on Vulkan, where it is 31. ggml-vulkan's flash attention switches to a
+// mask pre-pass (ggml_vk_flash_attn: use_mask_opt, taken when the mask has >= 32 rows and > 32768
+// elements) after which the next single-token step crashed the process inside the driver's queue thread
+// (Mesa 22.3 llvmpipe, ggml-python 0.0.45: a 32-token prompt, then one token, with 5 sequences).
+uint32_t decoder_ubatch_limit(ggml_backend_dev_t dev);
 
 // Devices of type ACCEL (e.g. ggml's BLAS backend): the scheduler offers them the ops they take.
 std::vector<ggml_backend_dev_t> accelerators();

@@ -65,6 +65,7 @@ context::context(const model & m, const context_params & p) : mdl(m), params(p) 
         throw std::invalid_argument("n_seq must be between 1 and " + std::to_string(max_seq) + ", not " +
                                     std::to_string(p.n_seq));
     }
+    ubatch_ = std::min(p.max_ubatch > 0 ? p.max_ubatch : decoder_ubatch_limit(m.dev), m.hp.n_text_ctx);
     kv_ = std::make_unique<kv_cache>(m.dev, m.hp, arena_cells(m.hp, p.n_seq), p.n_seq, GGML_TYPE_F16);
     if (p.mode == kv_mode::host) {
         kv_->enable_host_mirror();
@@ -106,10 +107,22 @@ void context::reserve_worst_case() {
     // Allocation failures belong at load time, with a message, not in the middle of a stream
     // (ref: whisper.cpp whisper_sched_graph_init, llama.cpp "reserve worst-case graphs").
     use_encoder(mdl.hp.n_audio_ctx);
-    const decode_params worst{mdl.hp.n_text_ctx, max_outputs, mdl.hp.n_audio_ctx};
-    auto g = build_decoder(mdl, *kv_, worst);
-    if (!ggml_backend_sched_reserve(sched_dec_, g->gf)) {
-        throw std::runtime_error("cannot reserve the decoder's compute buffer (out of device memory?)");
+    std::vector<std::unique_ptr<graph_result>> worst;
+    worst.push_back(build_decoder(mdl, *kv_, {ubatch_, std::min(ubatch_, max_outputs), mdl.hp.n_audio_ctx}));
+    if (ubatch_ < mdl.hp.n_text_ctx) {
+        // Where batches go in pieces, an alignment piece (every row an output, every head's weights) is
+        // bounded too, and reserved: on Vulkan (llvmpipe) a compute buffer that grew after load, for the
+        // alignment of JFK's words, corrupted the heap (malloc abort).
+        std::vector<align_head> heads;
+        for (int l = 0; l < static_cast<int>(mdl.hp.n_text_layer); ++l) {
+            for (int h = 0; h < static_cast<int>(mdl.hp.n_text_head); ++h) heads.push_back({l, h});
+        }
+        worst.push_back(build_decoder(mdl, *kv_, {ubatch_, ubatch_, mdl.hp.n_audio_ctx}, heads));
+    }
+    for (const auto & g : worst) {
+        if (!ggml_backend_sched_reserve(sched_dec_, g->gf)) {
+            throw std::runtime_error("cannot reserve the decoder's compute buffer (out of device memory?)");
+        }
     }
     AURAL_LOG_INFO("compute buffers reserved: %.2f MiB", compute_buffer_bytes() / 1048576.0);
     if (!encoder_report.fallback_ops.empty()) {
@@ -238,26 +251,75 @@ void context::kv_download(const decode_batch & batch, step_timings & t) {
     t.kv_io_ms += ms_since(t0);
 }
 
+namespace {
+
+// Tokens [begin, end) of `b` as a batch of their own, with no outputs yet.
+decode_batch slice(const decode_batch & b, uint32_t begin, uint32_t end) {
+    decode_batch ub;
+    ub.tokens = b.tokens + begin;
+    ub.n_tokens = end - begin;
+    ub.pos.assign(b.pos.begin() + begin, b.pos.begin() + end);
+    ub.seq.assign(b.seq.begin() + begin, b.seq.begin() + end);
+    return ub;
+}
+
+}  // namespace
+
 void context::decode(decode_batch & batch, float * logits) {
     check_batch(batch);
     if (batch.outputs.empty() || batch.outputs.size() > max_outputs) {
         throw std::invalid_argument("decode returns between 1 and " + std::to_string(max_outputs) + " logits rows");
     }
-    kv_update step;
-    step.pos = batch.pos;
-    step.seq = batch.seq;
-    const uint32_t history = kv_->high_water();  // host mode uploads the cells in use before this step
-    batch.cells = kv_->apply(step);
-    batch.kv = &kv_->cells();
+    last_step = step_timings{};
+    last_step.n_tokens = batch.n_tokens;
+    last_step.reused = true;
+    if (batch.n_tokens <= ubatch_) {
+        decode_ubatch(batch, logits);
+    } else {
+        // Pieces in order: each appends its rows before the next attends to them, as one graph would.
+        const size_t n_vocab = mdl.hp.n_vocab;
+        std::vector<float> rows;
+        for (uint32_t begin = 0; begin < batch.n_tokens; begin += ubatch_) {
+            const uint32_t end = std::min(batch.n_tokens, begin + ubatch_);
+            decode_batch ub = slice(batch, begin, end);
+            std::vector<size_t> dest;  // where each of the piece's logits rows goes in `logits`
+            for (size_t k = 0; k < batch.outputs.size(); ++k) {
+                if (static_cast<uint32_t>(batch.outputs[k]) >= begin && static_cast<uint32_t>(batch.outputs[k]) < end) {
+                    ub.outputs.push_back(batch.outputs[k] - static_cast<int32_t>(begin));
+                    dest.push_back(k);
+                }
+            }
+            if (ub.outputs.empty()) {  // a graph returns at least one row: the piece's last, unused
+                ub.outputs.push_back(static_cast<int32_t>(ub.n_tokens - 1));
+            }
+            rows.resize(ub.outputs.size() * n_vocab);
+            decode_ubatch(ub, rows.data());
+            for (size_t j = 0; j < dest.size(); ++j) {
+                std::copy_n(rows.data() + j * n_vocab, n_vocab, logits + dest[j] * n_vocab);
+            }
+        }
+    }
+    stats.decode_calls++;
+    stats.tokens_decoded += batch.n_tokens;
+}
 
-    step_timings t;
-    t.n_tokens = batch.n_tokens;
-    const decode_params p{batch.n_tokens, static_cast<uint32_t>(batch.outputs.size()), kv_->cross_rows()};
+// One decoder graph (at most ubatch_ tokens): appends the rows, writes the outputs' logits, adds its
+// timings to last_step.
+void context::decode_ubatch(decode_batch & ub, float * logits) {
+    kv_update step;
+    step.pos = ub.pos;
+    step.seq = ub.seq;
+    const uint32_t history = kv_->high_water();  // host mode uploads the cells in use before this step
+    ub.cells = kv_->apply(step);
+    ub.kv = &kv_->cells();
+
+    step_timings & t = last_step;
+    const decode_params p{ub.n_tokens, static_cast<uint32_t>(ub.outputs.size()), kv_->cross_rows()};
     auto t0 = clock_type::now();
     if (reuse_enabled_ && dec_graph_ && dec_graph_->can_reuse(p)) {
-        t.reused = true;
         stats.graph_reuses++;
     } else {
+        t.reused = false;
         dec_graph_.reset();
         ggml_backend_sched_reset(sched_dec_);
         dec_graph_ = build_decoder(mdl, *kv_, p);
@@ -267,25 +329,26 @@ void context::decode(decode_batch & batch, float * logits) {
         decoder_report = report(sched_dec_, dec_graph_->gf);
         stats.graph_builds++;
     }
-    dec_graph_->set_inputs(batch);
-    t.build_ms = ms_since(t0);
+    dec_graph_->set_inputs(ub);
+    t.build_ms += ms_since(t0);
 
+    const step_timings before = t;
     kv_upload(history, t);
     t0 = clock_type::now();
     compute(sched_dec_, dec_graph_->gf);
-    t.compute_ms = ms_since(t0);
-    kv_download(batch, t);
+    const double compute_ms = ms_since(t0);
+    t.compute_ms += compute_ms;
+    kv_download(ub, t);
     t0 = clock_type::now();
     dec_graph_->read_logits(logits);
-    t.logits_ms = ms_since(t0);
+    const double logits_ms = ms_since(t0);
+    t.logits_ms += logits_ms;
+    t.n_graphs++;
 
-    last_step = t;
-    stats.decode_calls++;
-    stats.tokens_decoded += batch.n_tokens;
-    stats.compute_ms_total += t.compute_ms;
-    stats.kv_io_ms_total += t.kv_io_ms;
-    stats.kv_io_bytes_total += t.kv_io_bytes;
-    stats.logits_ms_total += t.logits_ms;
+    stats.compute_ms_total += compute_ms;
+    stats.kv_io_ms_total += t.kv_io_ms - before.kv_io_ms;
+    stats.kv_io_bytes_total += t.kv_io_bytes - before.kv_io_bytes;
+    stats.logits_ms_total += logits_ms;
 }
 
 void context::reorder(const std::vector<int32_t> & parents) {
@@ -306,7 +369,6 @@ void context::align(const int32_t * tokens, uint32_t n_tokens, const std::vector
     for (uint32_t i = 0; i < n_tokens; ++i) {
         batch.pos.push_back(static_cast<int32_t>(i));
         batch.seq.push_back(0);
-        batch.outputs.push_back(static_cast<int32_t>(i));
     }
     check_batch(batch);
     if (heads.empty()) {
@@ -319,30 +381,52 @@ void context::align(const int32_t * tokens, uint32_t n_tokens, const std::vector
                                         ") is outside the decoder's layers and heads");
         }
     }
+    // weights is [heads][n_tokens][n_cross]: a piece's [heads][piece][n_cross] goes to its token rows.
+    const size_t n_cross = kv_->cross_rows(), n_vocab = mdl.hp.n_vocab;
+    std::vector<float> piece;
+    for (uint32_t begin = 0; begin < n_tokens; begin += ubatch_) {
+        const uint32_t end = std::min(n_tokens, begin + ubatch_), n = end - begin;
+        decode_batch ub = slice(batch, begin, end);
+        for (uint32_t i = 0; i < n; ++i) ub.outputs.push_back(static_cast<int32_t>(i));
+        if (n == n_tokens) {
+            align_ubatch(ub, heads, weights, logits);
+            break;
+        }
+        piece.resize(heads.size() * n * n_cross);
+        align_ubatch(ub, heads, piece.data(), logits + begin * n_vocab);
+        for (size_t h = 0; h < heads.size(); ++h) {
+            std::copy_n(piece.data() + h * n * n_cross, n * n_cross, weights + (h * n_tokens + begin) * n_cross);
+        }
+    }
+    stats.align_calls++;
+}
+
+// One teacher-forced graph of at most ubatch_ tokens with every row an output.
+void context::align_ubatch(decode_batch & ub, const std::vector<align_head> & heads, float * weights,
+                           float * logits) {
     kv_update step;
-    step.pos = batch.pos;
-    step.seq = batch.seq;
+    step.pos = ub.pos;
+    step.seq = ub.seq;
     const uint32_t history = kv_->high_water();
-    batch.cells = kv_->apply(step);
-    batch.kv = &kv_->cells();
+    ub.cells = kv_->apply(step);
+    ub.kv = &kv_->cells();
     // A one-off graph (its shape follows the text length); the decoder graph is rebuilt next step.
     dec_graph_.reset();
     ggml_backend_sched_reset(sched_dec_);
-    const decode_params p{n_tokens, n_tokens, kv_->cross_rows()};
+    const decode_params p{ub.n_tokens, ub.n_tokens, kv_->cross_rows()};
     auto g = build_decoder(mdl, *kv_, p, heads);
     if (!ggml_backend_sched_alloc_graph(sched_dec_, g->gf)) {
         throw std::runtime_error("cannot allocate the alignment graph");
     }
-    g->set_inputs(batch);
+    g->set_inputs(ub);
     step_timings t;
     kv_upload(history, t);
     compute(sched_dec_, g->gf);
-    kv_download(batch, t);
+    kv_download(ub, t);
     // cross_qk is [n_cross, n_tokens, n_heads] in ggml order: row-major [n_heads][n_tokens][n_cross].
     ggml_backend_tensor_get(g->cross_qk, weights, 0, ggml_nbytes(g->cross_qk));
     g->read_logits(logits);
     ggml_backend_sched_reset(sched_dec_);
-    stats.align_calls++;
 }
 
 void context::clear_kv() { kv_->clear(); }

@@ -34,6 +34,8 @@ struct context_params {
     bool graph_reuse = true;  // env: AURAL_NO_GRAPH_REUSE=1 turns it off as well (debugging)
     int n_threads = 0;        // CPU threads; 0 = the model's default
     uint32_t n_seq = 1;       // sequences decoded side by side (beam size, best-of); at most 8
+    uint32_t max_ubatch = 0;  // most tokens per decoder graph, longer batches go in pieces; 0 = the
+                              // device's limit (decoder_ubatch_limit in backend.h)
 };
 
 // Timings of one decoder step (milliseconds, bytes).
@@ -44,7 +46,8 @@ struct step_timings {
     double logits_ms = 0;     // reading the logits back
     double build_ms = 0;      // building + allocating a graph (0 when reused)
     uint32_t n_tokens = 0;
-    bool reused = false;
+    uint32_t n_graphs = 0;    // decoder graphs run: more than one when the batch exceeds ubatch()
+    bool reused = false;      // every graph of the step was reused
 };
 
 struct encode_timings {
@@ -109,6 +112,7 @@ class context {
     backend_report encoder_report, decoder_report;
     const kv_cache & kv() const { return *kv_; }
     size_t compute_buffer_bytes() const;
+    uint32_t ubatch() const { return ubatch_; }  // most tokens one decoder graph takes
     static constexpr uint32_t max_outputs = 8;  // logits rows per step (beams + the SOT row)
     static constexpr uint32_t max_seq = 8;      // sequences per context (beams or best-of samples)
 
@@ -120,6 +124,7 @@ class context {
     std::unique_ptr<kv_cache> kv_;
     std::unique_ptr<graph_result> enc_graph_, dec_graph_;
     bool reuse_enabled_ = true;
+    uint32_t ubatch_ = 0;
     std::atomic<bool> interrupted_{false};  // polled by the backends between graph nodes
 
     ggml_backend_sched_t make_sched();
@@ -128,6 +133,9 @@ class context {
     backend_report report(ggml_backend_sched_t sched, ggml_cgraph * gf) const;
     void compute(ggml_backend_sched_t sched, ggml_cgraph * gf);
     void check_batch(const decode_batch & batch) const;
+    std::vector<int64_t> append_cells(decode_batch & batch);
+    void decode_ubatch(decode_batch & ub, float * logits);
+    void align_ubatch(decode_batch & ub, const std::vector<align_head> & heads, float * weights, float * logits);
     void kv_upload(uint32_t n_rows, step_timings & t);
     void kv_download(const decode_batch & batch, step_timings & t);
 };

@@ -117,6 +117,19 @@ def test_streaming_jfk_keeps_the_cpus_words(device_model, cpu_model, jfk_wav):
     assert jiwer.wer(cpu_text, device_text) <= 2 / 22, (device_text, cpu_text)
 
 
+def test_a_long_prompt_then_single_token_steps_keep_the_cpus_words(device_model, cpu_model, jfk_wav):
+    """A prompt of 32 tokens or more, then one token per step, in a session of 5 sequences: on Vulkan the
+    prompt's graph took ggml-vulkan's flash-attention mask pre-pass and the next step crashed the process
+    (the sonnet's second window, or JFK with this prompt). Batches now run in pieces of at most 31 tokens
+    there (backend.h decoder_ubatch_limit)."""
+    prompt = ("From fairest creatures we desire increase, that thereby beauty's rose might never die, but as "
+              "the riper should by time decease, his tender heir might bear his memory.")
+    device_text, _, device_t = text_of(device_model, jfk_wav, beam_size=None, initial_prompt=prompt)
+    cpu_text, _, _ = text_of(cpu_model, jfk_wav, beam_size=None, initial_prompt=prompt)
+    print(f"{BACKEND} with a prompt, {device_t.wall_s:.2f} s: {device_text!r}")
+    assert device_text == cpu_text or jiwer.wer(cpu_text, device_text) <= WER_BOUND, (device_text, cpu_text)
+
+
 def test_device_kv_moves_no_bytes_and_host_kv_gives_the_same_tokens(device_model, jfk_mel):
     device = device_model.new_session(kv_mode="device")
     host = device_model.new_session(kv_mode="host")

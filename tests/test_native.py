@@ -432,3 +432,40 @@ def test_align_returns_normalised_head_weights_and_teacher_forced_logits(native_
     assert list(np.argmax(logits[1:-1], axis=-1)) == tokens[2:]
     with pytest.raises(ValueError, match="alignment head"):
         ctx.align(np.array(tokens, dtype=np.int32), [(9, 0)])
+
+
+def test_a_batch_decoded_in_pieces_equals_one_graph(tiny_gguf, jfk_mel, monkeypatch):
+    """A batch longer than max_ubatch runs as several graphs (Vulkan caps them at 31 tokens: backend.h
+    decoder_ubatch_limit); the pieces give one graph's logits and alignment weights. The bound is the one of
+    test_sequences_share_the_prompt_and_reorder_moves_no_kv: ggml's products round differently per batch size
+    (5e-3 of the largest logit, same best token), with Aural's int8 kernels and repacking off."""
+    monkeypatch.setenv("AURAL_NO_INT8", "1")
+    monkeypatch.setenv("AURAL_NO_REPACK", "1")
+    model = _native.Model(str(tiny_gguf))
+    whole, pieces = _native.Context(model), _native.Context(model, max_ubatch=7)
+    assert whole.stats["ubatch"] == model.hparams["n_text_ctx"] and pieces.stats["ubatch"] == 7
+    tokens = [SOT, NO_TIMESTAMPS] + argmax_tokens(_native.Context(model), jfk_mel)
+    assert len(tokens) > 3 * 7
+    batch, outputs = np.array(tokens, dtype=np.int32), np.array([len(tokens) - 1, 0, 9], dtype=np.int32)
+    rows = []
+    for ctx in (whole, pieces):
+        ctx.encode(np.ascontiguousarray(jfk_mel))
+        rows.append(ctx.decode(batch, 0, outputs))
+    assert whole.last_timings["n_graphs"] == 1 and pieces.last_timings["n_graphs"] == -(-len(tokens) // 7)
+    assert pieces.stats["kv_used_tokens"] == whole.stats["kv_used_tokens"] == len(tokens)
+
+    def assert_same(row, expected):
+        assert np.argmax(row) == np.argmax(expected)
+        np.testing.assert_allclose(row, expected, rtol=0, atol=5e-3 * np.abs(expected).max())
+
+    for got, expected in zip(rows[1], rows[0]):
+        assert_same(got, expected)
+    # The next single-token step sees every piece's rows.
+    step = [c.decode(np.array([EOT], dtype=np.int32), len(tokens))[0] for c in (whole, pieces)]
+    assert_same(step[1], step[0])
+
+    heads = [(1, 0), (3, 4)]
+    (w_whole, l_whole), (w_pieces, l_pieces) = (c.align(batch, heads) for c in (whole, pieces))
+    np.testing.assert_allclose(w_pieces, w_whole, rtol=0, atol=5e-3)  # softmax weights in [0, 1]
+    for got, expected in zip(l_pieces, l_whole):
+        assert_same(got, expected)

@@ -21,12 +21,13 @@ using float_array = py::array_t<float, py::array::c_style | py::array::forcecast
 using int_array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 std::unique_ptr<context> make_context(const model & m, const std::string & kv_mode, bool graph_reuse, int n_threads,
-                                      uint32_t n_seq) {
+                                      uint32_t n_seq, uint32_t max_ubatch) {
     context_params p;
     p.mode = parse_kv_mode(kv_mode);
     p.graph_reuse = graph_reuse;
     p.n_threads = n_threads;
     p.n_seq = n_seq;
+    p.max_ubatch = max_ubatch;
     py::gil_scoped_release release;
     return std::make_unique<context>(m, p);
 }
@@ -112,6 +113,7 @@ py::dict step_dict(const step_timings & t) {
     d["logits_ms"] = t.logits_ms;
     d["build_ms"] = t.build_ms;
     d["n_tokens"] = t.n_tokens;
+    d["n_graphs"] = t.n_graphs;
     d["reused"] = t.reused;
     return d;
 }
@@ -148,6 +150,7 @@ py::dict stats_dict(const context & self) {
     d["kv_bytes"] = self.kv().self_bytes();
     d["cross_kv_bytes"] = self.kv().cross_bytes();
     d["compute_buffer_bytes"] = self.compute_buffer_bytes();
+    d["ubatch"] = self.ubatch();
     return d;
 }
 
@@ -165,9 +168,11 @@ py::dict report_dict(const backend_report & r) {
 void register_context(py::module_ & m) {
     py::class_<context>(m, "Context", "One transcription session: KV arena on the device, graphs, timings.")
         .def(py::init(&make_context), py::arg("model"), py::kw_only(), py::arg("kv_mode") = "device",
-             py::arg("graph_reuse") = true, py::arg("n_threads") = 0, py::arg("n_seq") = 1, py::keep_alive<1, 2>(),
+             py::arg("graph_reuse") = true, py::arg("n_threads") = 0, py::arg("n_seq") = 1,
+             py::arg("max_ubatch") = 0, py::keep_alive<1, 2>(),
              "kv_mode 'device' keeps the KV history on the device; 'host' is the round-trip baseline. n_seq "
-             "sequences (beams, best-of samples, at most 8) can be decoded side by side.")
+             "sequences (beams, best-of samples, at most 8) can be decoded side by side. A batch longer than "
+             "max_ubatch tokens (0: the device's limit, stats['ubatch']) is decoded in pieces.")
         .def("encode", &encode, py::arg("mel"),
              "Encode one window: mel float32 (n_mels, n_frames), n_frames even and <= 3000 (30 s); fewer "
              "frames encode a shorter audio context. Computes the cross K/V on the device.")
