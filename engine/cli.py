@@ -177,9 +177,12 @@ def _model_loader(args: argparse.Namespace) -> Callable[[], Any]:
     def load() -> Any:
         if not loaded:
             from .models import resolve_model
-            from .runtime import WhisperModel
+            from .runtime import load_model, resolve_device
 
-            model = WhisperModel(resolve_model(args.model), device=args.backend or "auto", n_threads=args.threads)
+            # A --backend that names no device is a mistake to report; a device there that fails falls back
+            # to the CPU with a warning (runtime.load_model logs it).
+            device = resolve_device(args.backend) if args.backend else "auto"
+            model = load_model(resolve_model(args.model), device=device, n_threads=args.threads)
             loaded.append(model)
         return loaded[0]
 
@@ -248,14 +251,15 @@ def _summary(path: Path, info: Any, timings: dict[str, Any], out_path: Path | No
     per_token_ms = sum(timings[key] for key in ("compute_ms", "kv_io_ms", "logits_ms", "sampling_ms"))
     line = (
         f"{path.name}: {timings['audio_s']:.1f} s audio in {timings['wall_s']:.2f} s (RTF {timings['rtf']:.3f}), "
-        f"{_device_label(info)}, KV on {info.kv_mode}, {timings['n_tokens']} tokens, "
+        f"{_device_label(timings['device'], timings['backend'])}, KV on {info.kv_mode}, {timings['n_tokens']} tokens, "
         f"{per_token_ms:.1f} ms/token (compute {timings['compute_ms']:.1f}, KV/IO {timings['kv_io_ms']:.1f})"
     )
     return f"{line} -> {out_path}" if out_path else line
 
 
-def _device_label(info: Any) -> str:
-    return info.device if info.device == info.backend else f"{info.device} ({info.backend})"
+def _device_label(device: str, backend: str) -> str:
+    """Where the work ran: the timings' device, which is the CPU after a fallback."""
+    return device if device == backend else f"{device} ({backend})"
 
 
 def _clock(seconds: float) -> str:
@@ -445,8 +449,8 @@ def _run_live(args: argparse.Namespace) -> int:
         lag = "-" if last.commit_lag_s is None else f"{last.commit_lag_s:.2f} s"
         print(f"live: {last.audio_s:.1f} s audio, {last.n_steps} steps, RTF {last.rtf_mean:.2f} "
               f"(last steps {last.rtf:.2f}), first partial {first}, commit lag {lag}, "
-              f"encoder {last.encoder_ms:.0f} ms/step, {last.dropped_blocks} dropped blocks, {_device_label(last)}, "
-              f"KV on {last.kv_mode}",
+              f"encoder {last.encoder_ms:.0f} ms/step, {last.dropped_blocks} dropped blocks, "
+              f"{_device_label(last.device, last.backend)}, KV on {last.kv_mode}",
               file=sys.stderr)
     return EXIT_ERROR if failed else 0
 

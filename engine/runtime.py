@@ -1,14 +1,24 @@
-"""A loaded Whisper model: the native weights, the tokenizer, the mel filterbank and the hparams.
+"""A loaded Whisper model: the native weights, the tokenizer, the mel filterbank and the hparams; the
+compute devices it can run on, and the fallback to the CPU when its device fails.
 
 `WhisperModel` is shared by every transcription; each transcription gets its own native `Context`
-(encoder output, KV arena, graphs) from `new_session`.
+(encoder output, KV arena, graphs) from `new_session`, or a `FallbackSession` that moves to the CPU when
+the device fails under it.
+
+    model = load_model(path, device="Vulkan0")   # on the CPU, with model.fallback saying why, if it must
+    session = FallbackSession(model, on_fallback=print, kv_mode="device")
+    session.run(lambda: session.ctx.encode(mel))  # done again on the CPU if Vulkan0 is lost meanwhile
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import gguf
 import numpy as np
@@ -18,13 +28,18 @@ from .features import mel_filters
 from .models import model_info
 from .tokenizer import WhisperTokenizer
 
-__all__ = ["WhisperModel"]
+__all__ = ["CPU_DEVICE", "ComputeDevice", "DeviceFallback", "FallbackSession", "WhisperModel", "compute_devices",
+           "load_model", "resolve_device"]
 
 logger = logging.getLogger(__name__)
 
 # What the native module raises for files it cannot load (bad magic, shapes, types) or devices it
 # cannot open; anything else is a bug and should keep its traceback.
 _NATIVE_LOAD_ERRORS = (RuntimeError, ValueError)
+
+CPU_DEVICE = "CPU"  # ggml's name for its CPU device: what every fallback lands on
+
+_T = TypeVar("_T")
 
 
 def _native():
@@ -74,6 +89,8 @@ class WhisperModel:
         mel_filters: (n_mels, 201) float32 filterbank stored with the model.
         n_threads: CPU threads given to the native model and its sessions (0: native default).
         load_s: seconds spent loading (metadata, tokenizer and weights).
+        fallback: why the CPU runs the model in place of the device asked for (`load_model`,
+            `fall_back`); None while it runs where it was asked to.
     """
 
     def __init__(self, path: str | Path, *, device: str = "auto", n_threads: int = 0):
@@ -85,14 +102,31 @@ class WhisperModel:
         self.multilingual = bool(info["multilingual"])
         self.tokenizer = WhisperTokenizer.from_gguf_json(info["tokenizer_json"], multilingual=self.multilingual)
         self.mel_filters = _stored_mel_filters(self.path, int(info["n_mels"]))
-        try:
-            self._model = _native().Model(str(self.path), device=device, n_threads=n_threads)
-        except _NATIVE_LOAD_ERRORS as exc:
-            raise ModelError(f"Cannot load model {self.path.name}: {exc}") from exc
+        self._model = self._load_weights(device)
+        self.fallback: DeviceFallback | None = None
+        self._moving = threading.Lock()  # sessions of several threads may lose the device at once
         self.hparams = dict(self._model.hparams)
         self.alignment_heads = _alignment_heads(info, self.hparams)
         self.load_s = time.perf_counter() - start
         logger.info("loaded %s on %s (%s) in %.2f s", self.name, self.device, self.backend, self.load_s)
+
+    def _load_weights(self, device: str):
+        try:
+            return _native().Model(str(self.path), device=device, n_threads=self.n_threads)
+        except _NATIVE_LOAD_ERRORS as exc:
+            raise ModelError(f"Cannot load model {self.path.name}: {exc}") from exc
+
+    def fall_back(self, device: str, reason: str) -> DeviceFallback:
+        """The CPU takes over from `device`, which failed under a session for `reason`: the weights are
+        loaded again on the CPU, once however many sessions report it, and sessions opened from then on
+        run there. Sessions still open on the device keep its weights alive until they end."""
+        with self._moving:
+            if self.device == device:
+                self._model = self._load_weights(CPU_DEVICE)
+                self.fallback = DeviceFallback(device, reason)
+                logger.warning("%s", self.fallback.message)
+        assert self.fallback is not None, f"{device} failed under a session, but the model never ran on it"
+        return self.fallback
 
     @property
     def backend(self) -> str:
@@ -129,3 +163,143 @@ class WhisperModel:
 
     def __repr__(self) -> str:
         return f"WhisperModel({self.name!r}, device={self.device!r}, backend={self.backend!r})"
+
+
+# -- devices ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ComputeDevice:
+    """One ggml device the model can run on.
+
+    Attributes:
+        name: ggml's name, which `load_model` and `--backend` take ("CPU", "Vulkan0", "CUDA0").
+        description: what it is (the CPU's or the GPU's model).
+        backend: the ggml backend it belongs to ("CPU", "Vulkan", "CUDA").
+        type: "cpu", "gpu", "igpu", "accel" or "other".
+        software: a GPU API run on the CPU (Mesa's llvmpipe): slower than the CPU backend, so auto skips it.
+        memory_free: bytes free now.
+        memory_total: bytes in all.
+    """
+
+    name: str
+    description: str
+    backend: str
+    type: str
+    software: bool
+    memory_free: int
+    memory_total: int
+
+
+def compute_devices() -> list[ComputeDevice]:
+    """Every device of every ggml backend built in. The first call loads ggml's backends and picks the CPU
+    variant (half a second, seconds on a first run that probes the CPU): call it off a GUI thread."""
+    return [ComputeDevice(**d) for d in _native().devices()]
+
+
+def resolve_device(want: str) -> str:
+    """The device the backend policy picks for `want`: "auto", a device or a backend name. Raises
+    ModelError naming the devices there are when none matches."""
+    try:
+        return _native().select_device(want)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class DeviceFallback:
+    """A device that could not be used, and the CPU taking over (also a `streaming.Event`).
+
+    Attributes:
+        device: the device that failed ("Vulkan0").
+        reason: the native layer's words for what failed.
+    """
+
+    device: str
+    reason: str
+
+    @property
+    def message(self) -> str:
+        """One line for the user."""
+        return f"{self.device} could not be used ({self.reason}): running on the CPU"
+
+
+def _reason(exc: Exception) -> str:
+    """The native error under a ModelError: "Cannot load model x.gguf:" would only repeat the model's name."""
+    return str(exc.__cause__ or exc)
+
+
+def load_model(path: str | Path, *, device: str = "auto", n_threads: int = 0) -> WhisperModel:
+    """The model on `device` ("auto": the backend policy's pick), or on the CPU with `fallback` saying why
+    when that device cannot be used: it is not there (a GPU named in the settings, since unplugged), its
+    backend does not initialise, or the weights or a session's buffers do not fit in its memory. A model
+    file the CPU cannot load either raises ModelError."""
+    try:
+        target = resolve_device(device)
+    except ModelError as exc:
+        return _on_cpu(path, n_threads, DeviceFallback(device, str(exc)))
+    if target == CPU_DEVICE:
+        return WhisperModel(path, device=target, n_threads=n_threads)
+    try:
+        model = WhisperModel(path, device=target, n_threads=n_threads)
+        # Opening a session initialises the device's backend and reserves its worst-case buffers: a device
+        # that cannot run the model fails here, at load, rather than under the first transcription.
+        model.new_session()
+    except ModelError as exc:
+        return _on_cpu(path, n_threads, DeviceFallback(target, _reason(exc)))
+    return model
+
+
+def _on_cpu(path: str | Path, n_threads: int, fallback: DeviceFallback) -> WhisperModel:
+    model = WhisperModel(path, device=CPU_DEVICE, n_threads=n_threads)
+    model.fallback = fallback
+    logger.warning("%s", fallback.message)
+    return model
+
+
+class FallbackSession:
+    """A native session (`ctx`) that moves to the CPU when its device fails, for work that can be redone.
+
+    `run(work)` calls `work()`; when the device fails inside it (a RuntimeError from the native layer that
+    is not an interrupt: a lost device, a graph it cannot compute, memory it cannot allocate), the model
+    falls back to the CPU (`WhisperModel.fall_back`), a new session is opened there, `undo()` puts back
+    what the failed attempt changed, `on_fallback` is told, and `work()` runs again. A session that cannot
+    be opened on the device is opened on the CPU the same way. Work that fails on the CPU is not tried
+    again: there is nothing left to fall back to.
+
+    Only failures that reach Python are caught: a backend that aborts the process on a device error (as
+    ggml's CUDA and Vulkan backends do for some driver errors) takes the process down.
+
+    Attributes:
+        ctx: the native Context in use now.
+        device: the device it runs on.
+    """
+
+    def __init__(self, model: WhisperModel, on_fallback: Callable[[DeviceFallback], None], **session):
+        self.model = model
+        self._session = session  # new_session's arguments, for the session on the CPU
+        self._on_fallback = on_fallback
+        self.device = model.device
+        try:
+            self.ctx = model.new_session(**session)
+        except ModelError as exc:  # no room on the device for this session's KV arena and buffers
+            if self.device == CPU_DEVICE:
+                raise
+            self._move_to_cpu(exc)
+
+    def run(self, work: Callable[[], _T], undo: Callable[[], None] | None = None) -> _T:
+        try:
+            return work()
+        except RuntimeError as exc:
+            if self.device == CPU_DEVICE or self.ctx.interrupted:
+                raise
+            self._move_to_cpu(exc)
+        if undo is not None:
+            undo()
+        return work()
+
+    def _move_to_cpu(self, exc: Exception) -> None:
+        fallback = self.model.fall_back(self.device, _reason(exc))
+        self.ctx = self.model.new_session(**self._session)
+        self.device = CPU_DEVICE
+        self._on_fallback(fallback)

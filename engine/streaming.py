@@ -29,6 +29,10 @@ its own language: detected on every decode until the utterance holds `language_l
 kept until the next reset (ref: openai-whisper decoding.py detect_language, on the window's encoding).
 Chinese is written in one script (`StreamOptions.zh_script`, the user's locale by default), as file
 transcription writes it, so partials do not switch script from step to step.
+
+A device that fails mid-stream (lost, out of memory) hands the stream to the CPU
+(`runtime.FallbackSession`): the step in progress is decoded again there, nothing committed is lost,
+and a `DeviceFallback` event says so before the step's Partial.
 """
 
 from __future__ import annotations
@@ -50,11 +54,12 @@ from .decoding import DecodingOptions, DecodingResult, decode_window, detect_lan
 from .errors import AuralError
 from .features import AUDIO_CTX_MODES, N_SAMPLES, context_frames, window_mel
 from .metrics import TokenTimer, peak_rss_mb
-from .runtime import WhisperModel
+from .runtime import DeviceFallback, FallbackSession, WhisperModel
 from .tokenizer import TIME_PRECISION, WhisperTokenizer
 from .vad import FRAME_SAMPLES, SpeechGate, VadOptions
 
-__all__ = ["Partial", "Commit", "Metrics", "Error", "Event", "StreamOptions", "event_dict", "live_events"]
+__all__ = ["Partial", "Commit", "Metrics", "Error", "DeviceFallback", "Event", "StreamOptions", "event_dict",
+           "live_events"]
 
 logger = logging.getLogger(__name__)
 
@@ -178,13 +183,14 @@ class Error:
     message: str
 
 
-Event = Union[Partial, Commit, Metrics, Error]
+Event = Union[Partial, Commit, Metrics, Error, DeviceFallback]
 
-_EVENT_TYPES = {Partial: "partial", Commit: "commit", Metrics: "metrics", Error: "error"}
+_EVENT_TYPES = {Partial: "partial", Commit: "commit", Metrics: "metrics", Error: "error", DeviceFallback: "fallback"}
 
 
 def event_dict(event: Event) -> dict:
-    """The event as a JSON-ready dict: {"type": "partial" | "commit" | "metrics" | "error", ...fields}."""
+    """The event as a JSON-ready dict: {"type": "partial" | "commit" | "metrics" | "error" | "fallback",
+    ...fields}."""
     return {"type": _EVENT_TYPES[type(event)], **asdict(event)}
 
 
@@ -435,7 +441,8 @@ class _Stream:
         self.model = model
         self.options = options
         self.kv_mode = kv_mode
-        self.ctx = model.new_session(kv_mode=kv_mode)
+        self.fallbacks: list[DeviceFallback] = []  # not yet reported
+        self.session = FallbackSession(model, self.fallbacks.append, kv_mode=kv_mode)
         self.gate = SpeechGate(options.vad)
         self.audio = np.zeros(0, dtype=np.float32)  # the window
         self.window_start = 0  # input sample index of audio[0]
@@ -464,6 +471,11 @@ class _Stream:
         self.first_partial_s: float | None = None
         self.commit_lag_s: float | None = None  # of the latest commit (see Metrics)
         self.dropped_blocks = 0
+
+    @property
+    def ctx(self):
+        """The native session in use: the device's, or the CPU's after a fallback."""
+        return self.session.ctx
 
     # -- input --
 
@@ -541,6 +553,11 @@ class _Stream:
         return self.committed[len(self.committed) - self.in_window:]
 
     def _decode(self) -> tuple[_Hypothesis, DecodingResult]:
+        # After a fallback the step is decoded again from the encoder on: the one thing a failed attempt
+        # can have changed, the detected language, holds for the same audio.
+        return self.session.run(self._decode_once)
+
+    def _decode_once(self) -> tuple[_Hypothesis, DecodingResult]:
         frames = _context_frames(self.audio.size, self.options)
         self.ctx.encode(window_mel(self.audio, self.model.mel_filters, frames))
         o = self.options
@@ -669,6 +686,8 @@ class _Stream:
     # -- costs --
 
     def _report(self, started: float, result: DecodingResult) -> Iterator[Event]:
+        yield from self.fallbacks
+        self.fallbacks.clear()
         busy = time.perf_counter() - started
         audio_s = self.total / SAMPLE_RATE
         text = _join(self.tail)

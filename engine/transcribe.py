@@ -9,6 +9,10 @@ silence is skipped before it is encoded (see SILENCE_PEAK). A window holding les
 (a short input, the end of a long one) is encoded with a shorter context unless `audio_ctx="full"` (see
 AUDIO_CTX_MIN_S). With `vad_filter` only the speech regions found by `vad_filter.py` are transcribed, and
 segment times are mapped back to the input's timeline.
+
+A device that fails mid-file (lost, out of memory) hands the run to the CPU (`runtime.FallbackSession`):
+the segments already yielded stand, and the window in progress is decoded again on the CPU with the
+same prompt, so the file resumes where it was rather than starting over.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from .decoding import DecodingOptions, DecodingResult, decode_window, detect_lan
 from .errors import AudioError
 from .features import AUDIO_CTX_MODES, HOP_LENGTH, N_FRAMES, N_SAMPLES, context_frames, window_mel
 from .metrics import Timings, TokenTimer
-from .runtime import MAX_SEQUENCES, WhisperModel
+from .runtime import MAX_SEQUENCES, DeviceFallback, FallbackSession, WhisperModel
 from .tokenizer import TIME_PRECISION, WhisperTokenizer, normalize_language
 from .vad_filter import SpeechMap, VadFilterOptions, has_speech, keep_regions, speech_regions
 
@@ -459,12 +463,12 @@ def window_prompt(hotwords: Sequence[int], previous: Sequence[int], max_tokens: 
 class _Run:
     """State of one transcription: the session, the rolling audio, the prompt and the timings."""
 
-    def __init__(self, model: WhisperModel, options: TranscribeOptions, ctx, rolling: _RollingAudio,
-                 timings: Timings, stop: threading.Event | None = None):
+    def __init__(self, model: WhisperModel, options: TranscribeOptions, session: FallbackSession,
+                 rolling: _RollingAudio, timings: Timings, stop: threading.Event | None = None):
         self.model = model
         self.tokenizer: WhisperTokenizer = model.tokenizer
         self.options = options
-        self.ctx = ctx
+        self.session = session
         self.rolling = rolling
         self.timings = timings
         self.tokens = TokenTimer()
@@ -480,8 +484,38 @@ class _Run:
         self.n_segments = 0
         self.stop = stop
 
+    @property
+    def ctx(self):
+        """The native session in use: the device's, or the CPU's after a fallback."""
+        return self.session.ctx
+
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
+
+    def guarded_window(self, seek: int, segment_size: int) -> tuple[list[Segment], int]:
+        """`window`, done again from its start on the CPU if the device fails during it."""
+
+        def work() -> tuple[list[Segment], int]:
+            with interrupt_on_stop(self.stop, self.ctx):  # the context of this attempt: the CPU's on a retry
+                return self.window(seek, segment_size)
+
+        prompt, n_segments, last_speech_end = list(self.prompt), self.n_segments, self.last_speech_end
+
+        def undo() -> None:  # what a window changes before it returns: its segments join the prompt
+            self.prompt.clear()
+            self.prompt.extend(prompt)
+            self.n_segments, self.last_speech_end = n_segments, last_speech_end
+            self._forget_encoding()
+
+        return self.session.run(work, undo)
+
+    def guarded_language(self) -> str:
+        """`resolve_language`, done again on the CPU if the device fails during it."""
+        return self.session.run(self.resolve_language, undo=self._forget_encoding)
+
+    def _forget_encoding(self) -> None:
+        """The next window is encoded again: a new session holds no encoder output."""
+        self.encoded_seek = None
 
     def resolve_language(self) -> str:
         """The language to decode: as given, "en" for English-only models, else detected on the first
@@ -692,20 +726,19 @@ def _segments(run: _Run, started: float, total_s: float | None,
               speech_map: SpeechMap | None = None) -> Iterator[Segment]:
     seek = 0
     try:
-        with interrupt_on_stop(run.stop, run.ctx):
-            while not run.stopped() and (segment_size := run.frames(seek)) is not None:
-                segments, seek = run.window(seek, segment_size)
-                if run.stopped():  # the window was cut short: its text is incomplete, keep none of it
-                    break
+        while not run.stopped() and (segment_size := run.frames(seek)) is not None:
+            segments, seek = run.guarded_window(seek, segment_size)
+            if run.stopped():  # the window was cut short: its text is incomplete, keep none of it
+                break
+            if speech_map is not None:
+                segments = [_to_original(s, speech_map) for s in segments]
+            yield from segments
+            if progress is not None:
+                done_s = seek * HOP_LENGTH / SAMPLE_RATE
                 if speech_map is not None:
-                    segments = [_to_original(s, speech_map) for s in segments]
-                yield from segments
-                if progress is not None:
-                    done_s = seek * HOP_LENGTH / SAMPLE_RATE
-                    if speech_map is not None:
-                        done_s = speech_map.to_original(done_s, is_end=True)
-                    total = total_s if total_s is not None else done_s
-                    progress(min(done_s, total), total)
+                    done_s = speech_map.to_original(done_s, is_end=True)
+                total = total_s if total_s is not None else done_s
+                progress(min(done_s, total), total)
     except RuntimeError:
         if not run.ctx.interrupted:  # a StopEvent cut a native call short: the same as a stop between steps
             raise
@@ -722,7 +755,8 @@ def transcribe(model: WhisperModel, source: str | Path | np.ndarray, options: Tr
                kv_mode: str = "device", graph_reuse: bool = True, raw_rate: int | None = None,
                raw_format: str | None = None,
                progress: Callable[[float, float], None] | None = None,
-               stop: threading.Event | None = None) -> Transcription:
+               stop: threading.Event | None = None,
+               on_fallback: Callable[[DeviceFallback], None] | None = None) -> Transcription:
     """Transcribes a file (any format `audio.stream_audio` reads) or a 16 kHz mono float32 array.
 
     Returns at once (after language detection, for multilingual models without a language) with a
@@ -730,6 +764,10 @@ def transcribe(model: WhisperModel, source: str | Path | np.ndarray, options: Tr
     called after each window. Setting `stop` ends the iteration within one decoder step (the
     window being decoded is dropped); segments already yielded stay valid. A `cancel.StopEvent` also
     interrupts the encoder or decoder call in progress.
+
+    When the model's device fails (at the session's start or mid-file) the CPU takes over, the file
+    resumes at the window in progress, `timings` names the CPU, and `on_fallback(DeviceFallback)` is
+    called; `info` names the device the model was on when the first window began.
 
     With `options.vad_filter` the input is first scanned once for speech (before this returns), then
     read again and only its speech regions are transcribed.
@@ -744,10 +782,16 @@ def transcribe(model: WhisperModel, source: str | Path | np.ndarray, options: Tr
         chunks = keep_regions(open_chunks(), regions)
     # Beams and best-of samples are sequences side by side in one KV arena.
     n_seq = max(options.beam_size or 1, options.best_of or 1)
-    ctx = model.new_session(kv_mode=kv_mode, graph_reuse=graph_reuse, n_seq=n_seq)
     timings = Timings(load_s=model.load_s, backend=model.backend, device=model.device, kv_mode=kv_mode)
-    run = _Run(model, options, ctx, _RollingAudio(chunks), timings, stop)
-    language = run.resolve_language()
+
+    def fell_back(fallback: DeviceFallback) -> None:
+        timings.backend, timings.device = model.backend, model.device
+        if on_fallback is not None:
+            on_fallback(fallback)
+
+    session = FallbackSession(model, fell_back, kv_mode=kv_mode, graph_reuse=graph_reuse, n_seq=n_seq)
+    run = _Run(model, options, session, _RollingAudio(chunks), timings, stop)
+    language = run.guarded_language()
     info = TranscriptionInfo(path=path, language=language, duration_s=duration_s, model=model.name,
                              backend=model.backend, device=model.device, kv_mode=kv_mode,
                              duration_after_vad_s=None if speech_map is None else speech_map.kept_samples / SAMPLE_RATE)
