@@ -51,7 +51,7 @@ def build_window(settings: Settings, *, open_source: Callable[[str], object] = o
         devices.stop()
 
     window.closing.connect(shutdown)
-    models.load(settings.get(Key.MODEL))
+    models.load(settings.get(Key.MODEL), settings.get(Key.COMPUTE_DEVICE))
     devices.start()
     return window
 

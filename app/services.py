@@ -79,36 +79,37 @@ def stop_threads(owner: QObject) -> None:
 
 
 class ModelService(QObject):
-    """Loads one model at a time off the GUI thread; files and live captioning share it."""
+    """Loads one model at a time off the GUI thread, on a compute device; files and live captioning share it."""
 
     loading = Signal(str)  # spec
-    ready = Signal(object)  # WhisperModel
+    ready = Signal(object)  # WhisperModel (its `fallback` says whether the CPU took over from the device asked for)
     failed = Signal(str)
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
         self._model: WhisperModel | None = None
-        self._model_spec: str | None = None  # what `_model` was loaded from
-        self._loading_spec: str | None = None
+        self._loaded: tuple[str, str] | None = None  # the (spec, device) `_model` was loaded from
+        self._loading: tuple[str, str] | None = None
         self._loader: ModelLoader | None = None
-        self._pending: str | None = None
+        self._pending: tuple[str, str] | None = None
 
     @property
     def model(self) -> WhisperModel | None:
         return self._model
 
-    def load(self, spec: str) -> None:
-        """Load `spec` unless it is already loaded; a request during a load waits for that load.
+    def load(self, spec: str, device: str = "auto") -> None:
+        """Load `spec` on the compute `device` unless it is loaded so already; a request during a load
+        waits for that load.
 
         The loaded model stays in use until the new one is ready, and if the new one fails to load.
         """
         if self._loader is not None:
-            self._pending = spec
+            self._pending = (spec, device)
             return
-        if spec == self._model_spec:
+        if (spec, device) == self._loaded:
             return
-        self._loading_spec = spec
-        self._loader = ModelLoader(spec)
+        self._loading = (spec, device)
+        self._loader = ModelLoader(spec, device)
         self._loader.loaded.connect(self._on_loaded)
         self._loader.failed.connect(self.failed)
         self._loader.finished.connect(self._on_finished)
@@ -117,7 +118,7 @@ class ModelService(QObject):
 
     @Slot(object)
     def _on_loaded(self, model: WhisperModel) -> None:
-        self._model, self._model_spec = model, self._loading_spec
+        self._model, self._loaded = model, self._loading
         self.ready.emit(model)
 
     @Slot()
@@ -125,7 +126,7 @@ class ModelService(QObject):
         self._loader = None
         pending, self._pending = self._pending, None
         if pending is not None:
-            self.load(pending)
+            self.load(*pending)
 
     def shutdown(self) -> None:
         """A load cannot be interrupted: wait for it."""
@@ -140,6 +141,7 @@ class FileQueue(QObject):
     added = Signal(object)  # FileJob
     changed = Signal(object)  # FileJob: status or progress
     segment_added = Signal(object, object)  # FileJob, Segment
+    fallback = Signal(object)  # runtime.DeviceFallback: the running file went on on the CPU
     _submit = Signal(object)  # FileRequest, to the worker's thread
 
     def __init__(self, models: ModelService, parent: QObject | None = None):
@@ -219,6 +221,7 @@ class FileQueue(QObject):
         worker.done.connect(self._on_done)
         worker.cancelled.connect(self._on_cancelled)
         worker.failed.connect(self._on_failed)
+        worker.fallback.connect(self.fallback)
         worker.finished.connect(self._on_finished)
         self._submit.connect(worker.transcribe)
         # The wrapper is kept here: were it collected while the thread runs, Python would delete the
@@ -291,6 +294,7 @@ class LiveSession(QObject):
     metrics = Signal(object)  # streaming.Metrics
     level = Signal(float)  # input RMS, 0..1
     failed = Signal(str)
+    fallback = Signal(object)  # runtime.DeviceFallback: the run went on on the CPU, its captions kept
 
     def __init__(self, models: ModelService, open_source: Callable[[str], object],
                  parent: QObject | None = None):
@@ -392,6 +396,7 @@ class LiveSession(QObject):
         worker.level.connect(self.level, Qt.ConnectionType.QueuedConnection)
         worker.commit.connect(self._on_commit)
         worker.failed.connect(self.failed)
+        worker.fallback.connect(self.fallback)
         worker.finished.connect(self._on_finished)
         start_worker(worker, self)
         self._running = worker

@@ -18,6 +18,8 @@ class Key(Enum):
     # A sound server's source name (InputDevice.name), else a PortAudio device's; "" or a missing one: the default.
     INPUT_DEVICE = ("live/input_device", str, "")
     MODEL = ("model/name", str, DEFAULT_MODEL)
+    # A ggml device's name ("CPU", "Vulkan0"), or "auto" for the backend policy's pick (the best GPU, else the CPU).
+    COMPUTE_DEVICE = ("model/compute_device", str, "auto")
     LANGUAGE = ("model/language", str, "")  # "": detect (multilingual models only)
     KV_MODE = ("model/kv_mode", str, "device")
     GEOMETRY = ("window/geometry", QByteArray, QByteArray())

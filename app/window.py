@@ -32,7 +32,7 @@ from .widgets.metrics import MetricsPanel
 from .widgets.preferences import PreferencesDialog, transcribe_options
 from .widgets.presentation import CaptionLook, CaptionWindow
 from .widgets.restore_bar import RestoreBar
-from .workers import DoctorWorker, start_worker
+from .workers import ComputeDevicesWorker, DoctorWorker, start_worker
 
 __all__ = ["MainWindow"]
 
@@ -204,6 +204,8 @@ class MainWindow(QMainWindow):
         self.models.loading.connect(lambda spec: self.model_status.setText(f"Loading {spec}…"))
         self.models.ready.connect(self._on_model_ready)
         self.models.failed.connect(self._on_model_failed)
+        self.live.fallback.connect(self._on_device_fallback)
+        self.files.fallback.connect(self._on_device_fallback)
         self.live.running_changed.connect(self._on_running_changed)
         self.live.partial.connect(self._on_partial)
         self.live.commit.connect(self._on_commit)
@@ -321,10 +323,15 @@ class MainWindow(QMainWindow):
     @Slot()
     def show_preferences(self) -> PreferencesDialog:
         """Opens the Preferences (modeless, so the captions go on); OK applies them: files added from then
-        on are decoded with the new options, the caption window takes its look at once."""
+        on are decoded with the new options, the caption window takes its look at once. The compute
+        devices fill in when their worker has listed them."""
         dialog = PreferencesDialog(self._settings, self, models=self._combo_items(self.controls.model_combo),
                                    inputs=self._combo_items(self.controls.device_combo))
         dialog.accepted.connect(self._apply_preferences)
+        worker = ComputeDevicesWorker()
+        worker.listed.connect(dialog.set_compute_devices)
+        worker.failed.connect(lambda message: self.show_error(f"Cannot list the compute devices: {message}"))
+        start_worker(worker, self)
         dialog.open()
         return dialog
 
@@ -342,6 +349,8 @@ class MainWindow(QMainWindow):
             self.controls.select_device(s.get(Key.INPUT_DEVICE))
             if s.get(Key.MODEL) != self.controls.model_combo.currentData():
                 self.open_model(s.get(Key.MODEL))
+            else:  # the same model on another compute device (the service loads nothing if that is unchanged)
+                self._pick_model(s.get(Key.MODEL))
 
     def _apply_caption_settings(self) -> None:
         s = self._settings
@@ -422,7 +431,7 @@ class MainWindow(QMainWindow):
 
     def _pick_model(self, spec: str) -> None:
         self._settings.set(Key.MODEL, spec)
-        self.models.load(spec)
+        self.models.load(spec, self._settings.get(Key.COMPUTE_DEVICE))
 
     @Slot()
     def open_model_file(self) -> None:
@@ -447,10 +456,23 @@ class MainWindow(QMainWindow):
             self._started_at = time.monotonic()
         elif not self._showing_error():
             self.statusBar().showMessage(f"Ready: {model.name} loaded.", 5000)
-        self.model_status.setText(f"{model.name} · {model.backend}/{model.device} · loaded in {model.load_s:.1f} s")
+        if model.fallback is not None:
+            self.show_error(model.fallback.message)
+        self._show_model_status(model)
         self.controls.set_multilingual(model.multilingual)
         # The first load converts the model: the picker says so until it is listed again.
         self.controls.set_models(self._catalog.models(), self._settings.get(Key.MODEL))
+
+    def _show_model_status(self, model) -> None:
+        """Where the model really runs: the CPU, naming the device it replaces, after a fallback."""
+        replaced = f" in place of {model.fallback.device}" if model.fallback is not None else ""
+        self.model_status.setText(f"{model.name} · {model.backend}/{model.device}{replaced} · "
+                                  f"loaded in {model.load_s:.1f} s")
+
+    def _on_device_fallback(self, fallback) -> None:
+        """A live run or a file went on on the CPU when the device failed under it; nothing done is lost."""
+        self.show_error(fallback.message)
+        self._show_model_status(self.models.model)
 
     def _on_model_failed(self, message: str) -> None:
         model = self.models.model

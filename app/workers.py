@@ -21,12 +21,12 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from aural.engine.chinese import default_script, localize_segments
 from aural.engine.errors import AuralError
 from aural.engine.models import resolve_model
-from aural.engine.runtime import WhisperModel
+from aural.engine.runtime import DeviceFallback, WhisperModel, compute_devices, load_model
 from aural.engine.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
 from aural.engine.transcribe import TranscribeOptions, transcribe
 
-__all__ = ["DoctorWorker", "FileRequest", "FileWorker", "LiveWorker", "MeteredSource", "ModelLoader", "start_thread",
-           "start_worker", "worker_threads"]
+__all__ = ["ComputeDevicesWorker", "DoctorWorker", "FileRequest", "FileWorker", "LiveWorker", "MeteredSource",
+           "ModelLoader", "start_thread", "start_worker", "worker_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,16 +136,27 @@ class _Worker(_Reporter):
 
 
 class ModelLoader(_Worker):
-    """Resolves (converting on first use) and loads one model."""
+    """Resolves (converting on first use) and loads one model on a compute device: on the CPU, with the
+    model's `fallback` saying why, when that device cannot be used."""
 
     loaded = Signal(object)  # WhisperModel
 
-    def __init__(self, spec: str):
+    def __init__(self, spec: str, device: str = "auto"):
         super().__init__()
         self._spec = spec
+        self._device = device
 
     def _work(self) -> None:
-        self.loaded.emit(WhisperModel(resolve_model(self._spec)))  # the best device there is
+        self.loaded.emit(load_model(resolve_model(self._spec), device=self._device))
+
+
+class ComputeDevicesWorker(_Worker):
+    """The ggml devices (the first listing loads ggml's backends: half a second, more on a first run)."""
+
+    listed = Signal(list)  # runtime.ComputeDevice
+
+    def _work(self) -> None:
+        self.listed.emit(compute_devices())
 
 
 class DoctorWorker(_Worker):
@@ -191,6 +202,7 @@ class FileWorker(_Reporter):
     segment = Signal(object)  # Segment
     done = Signal(object)  # Timings
     cancelled = Signal()
+    fallback = Signal(object)  # runtime.DeviceFallback: the CPU took over the file from the model's device
 
     @Slot(object)
     def transcribe(self, request: FileRequest) -> None:
@@ -203,7 +215,7 @@ class FileWorker(_Reporter):
         # The engine checks the stop flag at every decoder step, and a StopEvent also interrupts the
         # native call in progress, so a cancel lands within one graph node.
         result = transcribe(request.model, request.path, request.options, kv_mode=request.kv_mode,
-                            progress=self.progress.emit, stop=request.stop)
+                            progress=self.progress.emit, stop=request.stop, on_fallback=self.fallback.emit)
         self.opened.emit(result.info)
         # Chinese in the user's script, as `aural transcribe` writes it (a translation is English).
         language = result.info.language if request.options.task == "transcribe" else None
@@ -247,6 +259,7 @@ class LiveWorker(_Worker):
     commit = Signal(object)  # streaming.Commit
     metrics = Signal(object)  # streaming.Metrics
     level = Signal(float)  # RMS of the latest audio, 0..1
+    fallback = Signal(object)  # runtime.DeviceFallback: the CPU took over the stream from the model's device
 
     def __init__(self, model: WhisperModel, open_source: Callable[[], object], options: StreamOptions,
                  kv_mode: str, journal: Callable[[Commit], None]):
@@ -259,7 +272,7 @@ class LiveWorker(_Worker):
         self._journal_failed = False
 
     def _work(self) -> None:
-        signals = {Partial: self.partial, Commit: self.commit, Metrics: self.metrics}
+        signals = {Partial: self.partial, Commit: self.commit, Metrics: self.metrics, DeviceFallback: self.fallback}
         source = MeteredSource(self._open_source(), self.level.emit)
         for event in live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop):
             if isinstance(event, Error):

@@ -43,6 +43,7 @@ from aural.engine.journal import read_session, sessions_dir, unclosed_sessions
 from aural.engine.models import list_models
 from aural.engine.streaming import Metrics
 from audio_harness import private_mic, pulse_modules, virtual_mic  # noqa: F401 - the virtual microphone fixtures
+from fake_device import COMPUTE_FAILURE, INIT_FAILURE, FakeGpu
 
 JFK_TEXT = ("And so my fellow Americans, ask not what your country can do for you, "
             "ask what you can do for your country.")
@@ -768,6 +769,94 @@ def test_preferences_pick_the_model_the_input_and_the_caption_colours(make_windo
     qtbot.waitExposed(caption)
     corner = caption.grab().toImage().pixelColor(2, 2)
     assert corner.name() == "#002244"
+
+
+# -- compute devices ----------------------------------------------------------------------------------
+
+
+def fell_back(reason: str) -> str:
+    """The status bar's line when the CPU takes over from tests/fake_device.py's Vulkan0."""
+    return f"⚠ Vulkan0 could not be used ({reason}): running on the CPU"
+
+
+def test_preferences_list_the_compute_devices_and_the_choice_loads_the_model_there(make_window, settings, qtbot,
+                                                                                    monkeypatch):
+    FakeGpu().install(monkeypatch)
+    window = make_window()
+    assert window.models.model.device == "CPU"  # auto passes over a software GPU
+    dialog = window.show_preferences()
+    combo = dialog.compute_device
+    qtbot.waitUntil(lambda: combo.count() == 3)  # listed by a worker
+    labels = [combo.itemText(i) for i in range(combo.count())]
+    assert labels[0] == "Automatic (best device)" and combo.currentData() == "auto"
+    assert labels[1].startswith("CPU — ") and labels[1].endswith(" GiB")  # the CPU, its model and its memory
+    assert labels[2] == "Vulkan0 — llvmpipe (the CPU under a fake GPU), 1.5 of 2.0 GiB free, software: slower than the CPU"
+    combo.setCurrentIndex(2)
+    with qtbot.waitSignal(window.models.ready, timeout=MODEL_S):  # loaded again, off the GUI thread
+        dialog.accept()
+    assert settings.get(Key.COMPUTE_DEVICE) == "Vulkan0"
+    assert window.models.model.device == "Vulkan0" and "Vulkan/Vulkan0" in window.model_status.text()
+    window.close()
+
+    again = make_window()  # the choice persists: the next launch loads there
+    assert again.models.model.device == "Vulkan0"
+    reopened = again.show_preferences()
+    qtbot.waitUntil(lambda: reopened.compute_device.count() == 3)
+    assert reopened.compute_device.currentData() == "Vulkan0"
+
+
+def test_a_device_that_cannot_initialise_hands_the_model_to_the_cpu_with_a_message(make_window, settings,
+                                                                                   monkeypatch):
+    FakeGpu(fails_to_initialise=True).install(monkeypatch)
+    settings.set(Key.COMPUTE_DEVICE, "Vulkan0")
+    window = make_window()
+    assert window.models.model.device == "CPU"
+    assert window.statusBar().currentMessage() == fell_back(INIT_FAILURE)
+    assert "CPU/CPU in place of Vulkan0" in window.model_status.text()
+
+
+def test_a_device_lost_mid_file_keeps_the_segments_done_and_finishes_on_the_cpu(make_window, settings, qtbot,
+                                                                                data_dir, monkeypatch):
+    FakeGpu(lost_at=("encode", 2)).install(monkeypatch)  # lost at the sonnet's second window
+    settings.set(Key.COMPUTE_DEVICE, "Vulkan0")
+    settings.set(Key.BEAM_SIZE, 1)
+    window = make_window()
+    done_before = []
+    window.files.fallback.connect(lambda _fallback: done_before.append(len(last_job(window).segments)))
+    window.add_files([str(data_dir / "en_librivox_shakespeare_sonnet001.mp3")])
+    job = last_job(window)
+    window.show_job(job)
+    wait_status(qtbot, window, job, JobStatus.DONE)
+    # The first window's segments stand; the second window was decoded again on the CPU, after them.
+    assert len(done_before) == 1 and 0 < done_before[0] < len(job.segments)
+    assert [s.id for s in job.segments] == list(range(len(job.segments)))
+    assert all(a.end <= b.start for a, b in zip(job.segments, job.segments[1:]))
+    text = normalized(" ".join(s.text for s in job.segments))
+    assert text.startswith("one from fairest creatures") and text.endswith("by the grave and thee")
+    assert window.statusBar().currentMessage() == fell_back(COMPUTE_FAILURE)
+    assert "CPU/CPU in place of Vulkan0" in window.model_status.text()
+    assert "CPU/CPU" in window.result.summary_text() and job.timings.device == "CPU"
+
+
+def test_a_device_lost_mid_stream_keeps_the_captions_and_the_journal(make_window, settings, qtbot, jfk_wav,
+                                                                     journal_dir, monkeypatch):
+    from aural.engine.capture import ReplaySource
+
+    FakeGpu(lost_at=("encode", 5)).install(monkeypatch)
+    settings.set(Key.COMPUTE_DEVICE, "Vulkan0")
+    window = make_window(open_source=lambda _device: ReplaySource(jfk_wav, speed=0))  # step by step, always alike
+    window.show_metrics(True)
+    shown_before = []
+    window.live.fallback.connect(lambda _fallback: shown_before.append(window.captions.committed_text()))
+    with qtbot.waitSignals([window.live.running_changed, window.live.running_changed], timeout=FILE_S):
+        window.toggle_live()  # the replay ends by itself, and the run with it
+    said = window.captions.committed_text()
+    assert len(shown_before) == 1 and shown_before[0] and said.startswith(shown_before[0]) and said != shown_before[0]
+    assert "ask not what your country can do for you" in normalized(said)
+    [journal] = journal_dir.glob("session-*.jsonl")
+    assert read_session(journal).text == said
+    assert window.statusBar().currentMessage() == fell_back(COMPUTE_FAILURE)
+    assert window.metrics.value_text("backend") == "CPU / CPU · KV on device"
 
 
 # -- one app per user ---------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""Preferences: the model and default input, the file decoding options the CLI has, and the caption
-window's look; QSettings-backed.
+"""Preferences: the model, its compute device and the default input, the file decoding options the CLI
+has, and the caption window's look; QSettings-backed.
 
     dialog = PreferencesDialog(settings, models=[(label, spec)], inputs=[(label, name)], parent=window)
+    dialog.set_compute_devices(runtime.compute_devices())   # when a worker has listed them
     if dialog.exec():           # OK wrote every field to `settings`
         options = transcribe_options(settings)
 """
@@ -12,12 +13,14 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QCheckBox, QColorDialog, QComboBox, QDialog, QDialogButtonBox, QFontComboBox,
                                QFormLayout, QGroupBox, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from aural.engine.runtime import MAX_SEQUENCES
+from aural.engine.runtime import MAX_SEQUENCES, ComputeDevice
 from aural.engine.transcribe import TranscribeOptions
 
 from ..settings import Key, Settings
 
-__all__ = ["ColorButton", "PreferencesDialog", "transcribe_options"]
+__all__ = ["AUTO_DEVICE_LABEL", "ColorButton", "PreferencesDialog", "device_label", "transcribe_options"]
+
+AUTO_DEVICE_LABEL = "Automatic (best device)"
 
 
 def transcribe_options(settings: Settings) -> TranscribeOptions:
@@ -59,6 +62,14 @@ def _readable_on(background: str) -> str:
     return "#000000" if QColor(background).lightnessF() > 0.5 else "#ffffff"
 
 
+def device_label(device: ComputeDevice) -> str:
+    """e.g. "Vulkan0 — llvmpipe (LLVM 15.0.6, 256 bits), 1.5 of 2.0 GiB free, software: slower than the CPU"."""
+    free, total = device.memory_free / 2**30, device.memory_total / 2**30
+    memory = f"{free:.1f} of {total:.1f} GiB free" if device.memory_free < device.memory_total else f"{total:.1f} GiB"
+    software = ", software: slower than the CPU" if device.software else ""
+    return f"{device.name} — {device.description}, {memory}{software}"
+
+
 def _choice(entries: list[tuple[str, str]], tooltip: str) -> QComboBox:
     combo = QComboBox()
     combo.setToolTip(tooltip)
@@ -90,6 +101,9 @@ class PreferencesDialog(QDialog):
         self.model = _choice(list(models), "The model loaded at launch, for live captions and files")
         self.input = _choice([("System default input", "")] + list(inputs),
                              "The microphone or system audio that live captions listen to")
+        # The devices fill in once a worker has listed them (set_compute_devices).
+        self.compute_device = _choice([(AUTO_DEVICE_LABEL, "auto")],
+                                      "Where the model runs; a device that fails hands over to the CPU")
         self.beam_size = QSpinBox(minimum=1, maximum=MAX_SEQUENCES)
         self.beam_size.setToolTip("Beams of beam search; 1 decodes greedily (faster, a little less accurate)")
         self.word_timestamps = QCheckBox("Word timestamps")
@@ -106,6 +120,7 @@ class PreferencesDialog(QDialog):
         general = QGroupBox("General")
         form = QFormLayout(general)
         form.addRow("Model", self.model)
+        form.addRow("Compute device", self.compute_device)
         form.addRow("Default input", self.input)
         decoding = QGroupBox("Transcribing files")
         form = QFormLayout(decoding)
@@ -135,6 +150,7 @@ class PreferencesDialog(QDialog):
     def _fields(self):
         return ((Key.MODEL, lambda: self.model.currentData() or self._settings.get(Key.MODEL),
                  lambda spec: _select(self.model, spec)),
+                (Key.COMPUTE_DEVICE, self.compute_device.currentData, lambda name: _select(self.compute_device, name)),
                 (Key.INPUT_DEVICE, lambda: self.input.currentData() or "", lambda name: _select(self.input, name)),
                 (Key.BEAM_SIZE, self.beam_size.value, self.beam_size.setValue),
                 (Key.WORD_TIMESTAMPS, self.word_timestamps.isChecked, self.word_timestamps.setChecked),
@@ -147,6 +163,15 @@ class PreferencesDialog(QDialog):
                 (Key.CAPTION_ON_TOP, self.on_top.isChecked, self.on_top.setChecked),
                 (Key.CAPTION_TEXT_COLOR, self.text_color.color, self.text_color.set_color),
                 (Key.CAPTION_BACKGROUND, self.background.color, self.background.set_color))
+
+    def set_compute_devices(self, devices: list[ComputeDevice]) -> None:
+        """Offers `devices` after "Automatic"; the device picked stays picked (kept by name if not listed)."""
+        picked = self.compute_device.currentData()
+        self.compute_device.clear()
+        self.compute_device.addItem(AUTO_DEVICE_LABEL, "auto")
+        for device in devices:
+            self.compute_device.addItem(device_label(device), device.name)
+        _select(self.compute_device, picked)
 
     def _set_family(self, family: str) -> None:
         """Shows `family`, or the application's font for "" (the caption window's default)."""
