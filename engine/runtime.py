@@ -262,13 +262,14 @@ class FallbackSession:
 
     `run(work)` calls `work()`; when the device fails inside it (a RuntimeError from the native layer that
     is not an interrupt: a lost device, a graph it cannot compute, memory it cannot allocate), the model
-    falls back to the CPU (`WhisperModel.fall_back`), a new session is opened there, `undo()` puts back
-    what the failed attempt changed, `on_fallback` is told, and `work()` runs again. A session that cannot
-    be opened on the device is opened on the CPU the same way. Work that fails on the CPU is not tried
-    again: there is nothing left to fall back to.
+    falls back to the CPU (`WhisperModel.fall_back`), a new session is opened there, `on_fallback` is
+    told, `undo()` puts back what the failed attempt changed, and `work()` runs again. A session that
+    cannot be opened on the device is opened on the CPU the same way. Work that fails on the CPU is not
+    tried again: there is nothing left to fall back to.
 
-    Only failures that reach Python are caught: a backend that aborts the process on a device error (as
-    ggml's CUDA and Vulkan backends do for some driver errors) takes the process down.
+    Only failures that reach Python are caught: buffers that cannot be allocated, a graph compute that
+    returns an error status, exceptions such as vulkan-hpp's. A driver error that ggml answers by ending
+    the process (CUDA_CHECK's GGML_ABORT, ggml-vulkan's VK_CHECK exit(1)) takes the app down with it.
 
     Attributes:
         ctx: the native Context in use now.
