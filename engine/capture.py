@@ -36,7 +36,7 @@ import numpy as np
 from .audio import SAMPLE_RATE, Resampler16k, stream_audio
 from .errors import AudioError, DeviceError
 
-__all__ = ["InputDevice", "PACTL_INFO", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource",
+__all__ = ["CLOSER_THREAD", "InputDevice", "PACTL_INFO", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource",
            "ReplaySource", "parse_server_sources", "portaudio_input_devices", "server_sources"]
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ _STALL_S = 5.0
 # Closing a stream waits for the sound server: one that froze never answers (PortAudio's close blocked
 # for good in tests/test_capture.py with the PulseAudio daemon stopped). A healthy close takes a few ms.
 _CLOSE_TIMEOUT_S = 2.0
+CLOSER_THREAD = "aural-close-input"  # the name of a background closer (_close), which the tests wait for
 # pactl answers in milliseconds; one that takes longer talks to a frozen server.
 PACTL_TIMEOUT_S = 3.0
 # pactl's arguments for the server's defaults and for its sources, as JSON (pactl 16 and later).
@@ -386,7 +387,7 @@ class MicrophoneSource(_RingSource):
         if stream is None:
             return
         self._stopping = True
-        closer = threading.Thread(target=_abort_and_close, args=(stream,), name="aural-close-input", daemon=True)
+        closer = threading.Thread(target=_abort_and_close, args=(stream,), name=CLOSER_THREAD, daemon=True)
         closer.start()
         closer.join(_CLOSE_TIMEOUT_S)
         if closer.is_alive():

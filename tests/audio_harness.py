@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,10 +38,24 @@ _SCRIPT = (
 )
 
 
+# How long an earlier test's input stream may still take to close in the background (capture.py leaves a
+# stream that does not close within 2 s to a daemon thread; on a loaded 2-core VM a live test's did).
+_CLOSER_WAIT_S = 60.0
+
+
 def rescan_portaudio() -> None:
-    """Makes PortAudio list the devices of the server now in PULSE_SERVER (it lists them only at init)."""
+    """Makes PortAudio list the devices of the server now in PULSE_SERVER (it lists them only at init).
+    Pa_Terminate while a background closer aborts a stream deadlocked both (CI hung in this fixture), so
+    the closers are waited for first."""
     import sounddevice as sd
 
+    from aural.engine.capture import CLOSER_THREAD
+
+    for closer in [t for t in threading.enumerate() if t.name == CLOSER_THREAD]:
+        closer.join(_CLOSER_WAIT_S)
+        if closer.is_alive():
+            raise RuntimeError(f"an earlier test's input stream is still closing after {_CLOSER_WAIT_S:.0f} s: "
+                               "PortAudio cannot be re-initialised")
     sd._terminate()
     sd._initialize()
 
