@@ -255,7 +255,17 @@ def _summary(path: Path, info: Any, timings: dict[str, Any], out_path: Path | No
 
 
 def _device_label(info: Any) -> str:
-    return info.device if info.device == info.backend else f"{info.device} ({info.backend})"
+    label = info.device if info.device == info.backend else f"{info.device} ({info.backend})"
+    return label + (_no_gpu_note() if info.backend == "CPU" else "")
+
+
+def _no_gpu_note() -> str:
+    """On the CPU although the build has a GPU backend that offers no device (CUDA without a GPU or driver):
+    the summary says so in a few words; `aural doctor` says why."""
+    from aural import _native
+
+    said = [f"no {p['name']} device" if p["loaded"] else f"{p['name']} did not load" for p in _native.backend_problems()]
+    return f" ({', '.join(said)}: see aural doctor)" if said else ""
 
 
 def _clock(seconds: float) -> str:
