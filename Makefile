@@ -107,8 +107,8 @@ test-vulkan: setup-vulkan
 # without a GPU or driver the backend loads and reports no device. ggml's own pool of cudaMalloc buffers
 # serves instead. Two build jobs (the CPU variants, then 139 CUDA files for one architecture; with
 # GGML_CUDA_FA_ALL_QUANTS off, 4 of flash attention's 49 vector-kernel instances, and ggml has no switch for the
-# other template instances): 55 minutes on the 2-core dev VM (ggml 54.5, Aural 1.5), so neither `make test` nor
-# .ci/run builds it.
+# other template instances): 48 to 56 minutes on the 2-core dev VM, shared (two cold builds: ggml 54.5 + Aural
+# 1.3, and 48.4 in all), so neither `make test` nor .ci/run builds it.
 CUDA_VENV := .venv-cuda
 CUDA_HOME ?= /usr/local/cuda-13.0
 CUBLAS := nvidia-cublas==13.1.0.3

