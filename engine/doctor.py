@@ -8,6 +8,7 @@ which take up to a second: the app calls it off the GUI thread. No Qt.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import platform
 import sys
@@ -51,7 +52,7 @@ def _native_report() -> dict[str, Any]:
         "cpu_level": {"variant": level.variant, "reason": level.reason, "kernel_isa": level.kernel_isa,
                       "runnable": list(level.runnable), "extra_buffers": level.bufts, "excluded": list(level.excluded)},
         "devices": devices,
-        "backends_without_devices": list(_native.backends_without_devices()),
+        "backend_problems": list(_native.backend_problems()),
         "selected_device": _native.select_device("auto"),
         "cpu_features": dict(_native.cpu_features()),
         "cpu_kernels": dict(_native.cpu_kernels()),
@@ -132,7 +133,8 @@ def format_report(report: dict[str, Any]) -> str:
             ("cpu variants", "runs " + ", ".join(report["cpu_level"]["runnable"] or ["built-in"])),
             ("extra buffers", _format_buffers(report["cpu_level"])),
             ("selected device", report["selected_device"]),
-            *([("gpu", note)] if (note := _gpu_note(report["devices"], report["backends_without_devices"])) else []),
+            ("ggml backends", _format_backends(report["devices"], report["backend_problems"])),
+            *([("gpu", note)] if (note := _gpu_note(report["devices"], report["backend_problems"])) else []),
             ("default threads", str(report["default_threads"])),
             ("cpu features", " ".join(k if v == "1" else f"{k}={v}" for k, v in report["cpu_features"].items())),
             ("aural cpu kernels", _format_kernels(report["cpu_kernels"]) + f" (up to {report['cpu_level']['kernel_isa']})"),
@@ -151,19 +153,47 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines + ["", "devices:", _device_table(report["devices"])])
 
 
-def _gpu_note(devices: list[dict[str, Any]], empty_backends: list[str]) -> str | None:
+def _format_backends(devices: list[dict[str, Any]], problems: list[dict[str, Any]]) -> str:
+    """Every backend this ggml build has, those without a device marked: "CPU, CUDA (compiled in, no device)"."""
+    names = list(dict.fromkeys(d["backend"] for d in devices))
+    names += [f"{p['name']} (compiled in, no device)" if p["loaded"] else f"{p['name']} (did not load)"
+              for p in problems]
+    return ", ".join(names)
+
+
+def _gpu_note(devices: list[dict[str, Any]], problems: list[dict[str, Any]]) -> str | None:
     """A plain line when a GPU backend is built but no hardware GPU is there: every GPU ggml offers is a
-    software one (Mesa's llvmpipe), which auto skips, or the backend offers none."""
+    software one (Mesa's llvmpipe), which auto skips, or a backend offers none or did not load, with why."""
     gpus = [d for d in devices if d["type"] in ("gpu", "igpu")]
     if gpus and all(d["software"] for d in gpus):
         names = ", ".join(f"{d['name']} ({d['description']})" for d in gpus)
         return (f"no hardware GPU; only software ones: {names}. They run on the CPU, slower than the CPU backend, "
                 "so auto uses the CPU; --backend names one to use it anyway")
-    if not gpus and empty_backends:
-        hidden = " (a software Vulkan device such as Mesa's llvmpipe shows only with GGML_VK_VISIBLE_DEVICES=0)"
-        return (f"no GPU: the {', '.join(empty_backends)} backend found no device"
-                + (hidden if "Vulkan" in empty_backends else ""))
+    if not gpus and problems:
+        return "no GPU, so Aural runs on the CPU: " + "; ".join(_problem_text(p) for p in problems)
     return None
+
+
+def _problem_text(problem: dict[str, Any]) -> str:
+    """Why one backend offers no device, as ggml said it, and what is missing where Aural can tell."""
+    if not problem["loaded"]:
+        return f"{problem['name']} did not load ({problem['detail']})"
+    why = [problem["detail"]] if problem["detail"] else []
+    if problem["name"] == "CUDA" and not _cuda_driver_installed():
+        why.append("the NVIDIA driver's libcuda.so.1 is not installed")
+    if problem["name"] == "Vulkan":
+        why.append("a software Vulkan device such as Mesa's llvmpipe shows only with GGML_VK_VISIBLE_DEVICES=0")
+    return f"the {problem['name']} backend found no device" + (f" ({'; '.join(why)})" if why else "")
+
+
+def _cuda_driver_installed() -> bool:
+    """Whether the NVIDIA driver's user-space library loads: without it CUDA reports only an "insufficient
+    driver", which reads like a version mismatch."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
 
 def _device_table(devices: list[dict[str, Any]]) -> str:

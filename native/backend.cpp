@@ -20,6 +20,12 @@ std::string lower(std::string s) {
     return s;
 }
 
+// ggml's log lines as one line: "a\nb" -> "a; b".
+std::string one_line(std::string text) {
+    for (size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at)) text.replace(at, 1, "; ");
+    return text;
+}
+
 const char * type_name(enum ggml_backend_dev_type type) {
     switch (type) {
         case GGML_BACKEND_DEVICE_TYPE_CPU: return "cpu";
@@ -54,9 +60,12 @@ std::string available_names() {
         names += (i ? ", " : "");
         names += ggml_backend_dev_name(ggml_backend_dev_get(i));
     }
-    for (const std::string & reg : backends_without_devices()) {
-        names += "; the " + reg + " backend found no device";
-        if (reg == "Vulkan") {
+    for (const backend_problem & p : backend_problems()) {
+        names += p.loaded ? "; the " + p.name + " backend found no device" : "; " + p.name + " did not load";
+        if (!p.detail.empty()) {
+            names += " (" + p.detail + ")";
+        }
+        if (p.name == "Vulkan") {
             names += " (ggml lists a CPU-type one, such as Mesa's llvmpipe, only when GGML_VK_VISIBLE_DEVICES names it)";
         }
     }
@@ -87,14 +96,19 @@ bool is_software_device(ggml_backend_dev_t dev) {
            (desc.rfind("llvmpipe", 0) == 0 || desc.rfind("SwiftShader", 0) == 0);
 }
 
-std::vector<std::string> backends_without_devices() {
+std::vector<backend_problem> backend_problems() {
     ensure_backends_loaded();
-    std::vector<std::string> out;
+    const std::vector<backend_load> loads = dynamic_backend_loads();
+    std::vector<backend_problem> out;
     for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
         ggml_backend_reg_t reg = ggml_backend_reg_get(i);
-        if (ggml_backend_reg_dev_count(reg) == 0) {
-            out.emplace_back(ggml_backend_reg_name(reg));
-        }
+        if (ggml_backend_reg_dev_count(reg) > 0) continue;
+        const std::string name = ggml_backend_reg_name(reg);
+        auto load = std::find_if(loads.begin(), loads.end(), [&](const backend_load & l) { return l.backend == name; });
+        out.push_back({name, true, load == loads.end() ? "" : one_line(load->warnings)});
+    }
+    for (const backend_load & load : loads) {
+        if (load.backend.empty()) out.push_back({load.file, false, one_line(load.warnings)});
     }
     return out;
 }

@@ -38,8 +38,15 @@ device_info describe_device(ggml_backend_dev_t dev);
 // GGML_VK_VISIBLE_DEVICES names them), and such a device runs Whisper slower than ggml's CPU backend.
 bool is_software_device(ggml_backend_dev_t dev);
 
-// Backends that ggml loaded but that offer no device (e.g. Vulkan without a GPU, where ggml hides llvmpipe).
-std::vector<std::string> backends_without_devices();
+// A backend this build has that offers no device: loaded but found none (CUDA without a GPU or driver, Vulkan
+// without a GPU, where ggml hides llvmpipe), or a backend library that did not load (`name` is then its file,
+// e.g. libggml-cuda.so, and `detail` the dynamic loader's error). `detail`: ggml's warnings meanwhile, or "".
+struct backend_problem {
+    std::string name;
+    bool loaded = false;
+    std::string detail;
+};
+std::vector<backend_problem> backend_problems();
 
 // The backend policy, in one place, with each decision logged (ref: whisper.cpp whisper_backend_init):
 // "auto" -> the first discrete GPU, then an integrated GPU, else the CPU; software GPUs are skipped (logged).

@@ -26,6 +26,7 @@ bool loaded = false;
 std::string in_use = "built-in";
 std::string reason = "this ggml build links its CPU backend in (no variants to choose from)";
 std::atomic<int> cap{-1};  // kernel_isa(), computed once the CPU backend is registered
+std::vector<backend_load> other_loads;  // load_other_backends(), once
 
 // Where GGML_BACKEND_DL builds put their backends: the bin/ folder of the prefix ggml-python installed into
 // (site-packages/bin, beside site-packages/lib and site-packages/ggml/lib, the two copies of libggml.so),
@@ -100,13 +101,18 @@ isa compute_cap() {
 #endif
 }
 
-// Every dynamic backend other than the CPU's (CUDA, Vulkan, BLAS ...): one libggml-<name>.so each.
+// Every dynamic backend other than the CPU's (CUDA, Vulkan, BLAS ...): one libggml-<name>.so each. What ggml
+// warns of meanwhile is kept for the report rather than printed: a CUDA build on a machine without a GPU or
+// driver runs on the CPU, and says so where it is asked (aural doctor, a --backend that names the GPU).
 void load_other_backends() {
     for (const fs::path & path : backend_files()) {
         const std::string file = path.filename().string();
         if (file.rfind("libggml-cpu", 0) == 0) continue;
-        if (!ggml_backend_load(path.c_str())) {
-            AURAL_LOG_INFO("backend %s does not run here (no device or driver)", file.c_str());
+        ggml_backend_reg_t reg = nullptr;
+        const std::string warnings = capture_ggml_warnings([&] { reg = ggml_backend_load(path.c_str()); });
+        other_loads.push_back({file, reg ? ggml_backend_reg_name(reg) : "", warnings});
+        if (!reg || !warnings.empty()) {
+            AURAL_LOG_INFO("backend %s: %s", file.c_str(), warnings.empty() ? "did not load" : warnings.c_str());
         }
     }
 }
@@ -196,6 +202,11 @@ void load_dynamic_backends() {
     cap = static_cast<int>(compute_cap());
     AURAL_LOG_INFO("CPU variant %s (%s); Aural's kernels up to %s", in_use.c_str(), reason.c_str(),
                    isa_name(static_cast<isa>(cap.load())));
+}
+
+std::vector<backend_load> dynamic_backend_loads() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return other_loads;
 }
 
 std::string cpu_variant_in_use() {

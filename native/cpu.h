@@ -54,6 +54,16 @@ void configure_cpu(const cpu_config & config);
 // Throws as cpu_variant_named() does.
 void load_dynamic_backends();
 
+// How one dynamic backend other than the CPU's loaded: its file, the registry it gave ("" when it did not
+// load: a library it needs is missing) and ggml's warnings meanwhile (CUDA without a driver or GPU: "failed to
+// initialize CUDA: ...").
+struct backend_load {
+    std::string file;
+    std::string backend;
+    std::string warnings;
+};
+std::vector<backend_load> dynamic_backend_loads();
+
 // After loading: the variant in use ("built-in" without variants), and the reason it was chosen.
 std::string cpu_variant_in_use();
 std::string cpu_variant_reason();

@@ -10,6 +10,7 @@ namespace aural {
 
 namespace {
 std::atomic<int> g_level{static_cast<int>(log_level::warn)};
+thread_local std::string * g_capture = nullptr;  // set by capture_ggml_warnings on its thread
 
 const char * level_name(log_level level) {
     switch (level) {
@@ -29,7 +30,9 @@ void ggml_sink(ggml_log_level level, const char * text, void * /*user*/) {
         case GGML_LOG_LEVEL_ERROR: py = 40; break;
         default: py = 20; break;  // INFO, CONT, NONE
     }
-    if (py >= g_level.load()) {
+    if (g_capture && py >= static_cast<int>(log_level::warn)) {
+        *g_capture += text;
+    } else if (py >= g_level.load()) {
         std::fputs(text, stderr);
     }
 }
@@ -51,5 +54,16 @@ void log_printf(log_level level, const char * func, const char * fmt, ...) {
 }
 
 void install_ggml_log_sink() { ggml_log_set(ggml_sink, nullptr); }
+
+std::string capture_ggml_warnings(const std::function<void()> & fn) {
+    std::string captured;
+    struct restore {
+        ~restore() { g_capture = nullptr; }
+    } guard;
+    g_capture = &captured;
+    fn();
+    while (!captured.empty() && captured.back() == '\n') captured.pop_back();
+    return captured;
+}
 
 }  // namespace aural

@@ -6,6 +6,9 @@
 // Thread-safety: the level is atomic; lines are written whole with one fprintf.
 #pragma once
 
+#include <functional>
+#include <string>
+
 namespace aural {
 
 enum class log_level : int { debug = 10, info = 20, warn = 30, error = 40 };
@@ -16,6 +19,9 @@ int get_log_level();
 void log_printf(log_level level, const char * func, const char * fmt, ...) __attribute__((format(printf, 3, 4)));
 // Routes ggml's own log lines through the same sink (ggml logs at warn/error for fallbacks and OOM).
 void install_ggml_log_sink();
+// Runs `fn` and returns ggml's warnings and errors from it, one per line, instead of printing them: while a GPU
+// backend loads they say why it has no device or does not load, which the backend report shows (backend.h).
+std::string capture_ggml_warnings(const std::function<void()> & fn);
 
 }  // namespace aural
 

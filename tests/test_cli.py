@@ -334,6 +334,48 @@ def test_doctor_text(cli_env):
         assert label in proc.stdout
 
 
+CPU_DEVICE = {"name": "CPU", "type": "cpu", "backend": "CPU", "software": False}
+NO_DRIVER = "ggml_cuda_init: failed to initialize CUDA: CUDA driver version is insufficient for CUDA runtime version"
+
+
+def test_doctor_says_a_cuda_build_without_a_driver_runs_on_the_cpu(monkeypatch):
+    monkeypatch.setattr(doctor, "_cuda_driver_installed", lambda: False)
+    cuda = {"name": "CUDA", "loaded": True, "detail": NO_DRIVER}
+    assert doctor._format_backends([CPU_DEVICE], [cuda]) == "CPU, CUDA (compiled in, no device)"
+    assert doctor._gpu_note([CPU_DEVICE], [cuda]) == (
+        f"no GPU, so Aural runs on the CPU: the CUDA backend found no device ({NO_DRIVER}; the NVIDIA driver's "
+        "libcuda.so.1 is not installed)")
+
+
+def test_doctor_says_why_a_gpu_backend_did_not_load():
+    missing = "libcublas.so.13: cannot open shared object file: No such file or directory"
+    cuda = {"name": "libggml-cuda.so", "loaded": False, "detail": f"load_backend: failed to load x.so: {missing}"}
+    assert doctor._format_backends([CPU_DEVICE], [cuda]) == "CPU, libggml-cuda.so (did not load)"
+    assert doctor._gpu_note([CPU_DEVICE], [cuda]).startswith(
+        "no GPU, so Aural runs on the CPU: libggml-cuda.so did not load (load_backend: ")
+    assert missing in doctor._gpu_note([CPU_DEVICE], [cuda])
+
+
+def test_a_gpu_backend_without_a_device_falls_back_to_the_cpu_and_says_so(cli_env, model_path):
+    """A build with a GPU backend on a machine without that GPU (`make check-cuda` here: CUDA, no driver)."""
+    from aural import _native
+
+    problems = _native.backend_problems()
+    if not problems:
+        pytest.skip("every backend of this ggml build has a device")
+    doctor_out = run_cli(cli_env, "doctor").stdout
+    assert "no GPU, so Aural runs on the CPU: " in doctor_out
+    for p in problems:
+        assert (f"the {p['name']} backend found no device" if p["loaded"] else f"{p['name']} did not load") in doctor_out
+    proc = run_cli(cli_env, "transcribe", JFK, "-m", model_path)
+    assert proc.returncode == 0, proc.stderr
+    assert normalized(proc.stdout) == normalized(JFK_TEXT)
+    assert ", CPU (" in proc.stderr and ": see aural doctor)" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    for name in (p["name"] for p in problems if p["loaded"]):
+        assert_one_error_line(run_cli(cli_env, "transcribe", JFK, "-m", model_path, "--backend", name),
+                              f"the {name} backend found no device")
+
+
 def test_transcribe_json(cli_env, model_path):
     proc = run_cli(cli_env, "transcribe", JFK, "-f", "json", "-m", model_path)
     assert proc.returncode == 0, proc.stderr

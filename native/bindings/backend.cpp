@@ -69,8 +69,19 @@ void register_backend(py::module_ & m) {
         for (const auto & d : list_devices()) out.append(device_dict(d));
         return out;
     }, "Every device of every registered ggml backend: name, description, backend, type, memory.");
-    m.def("backends_without_devices", &backends_without_devices,
-          "ggml backends that are loaded but offer no device (Vulkan without a GPU: ggml hides llvmpipe).");
+    m.def("backend_problems", [] {
+        py::list out;
+        for (const auto & p : backend_problems()) {
+            py::dict d;
+            d["name"] = p.name;
+            d["loaded"] = p.loaded;
+            d["detail"] = p.detail;
+            out.append(d);
+        }
+        return out;
+    }, "Backends of this build that offer no device: {name, loaded, detail}. loaded: the backend registered and "
+       "found no device (CUDA without a GPU or driver; Vulkan without a GPU, where ggml hides llvmpipe); else "
+       "name is a backend library that did not load. detail: ggml's warnings meanwhile (why), or ''.");
     m.def("select_device", [](const std::string & want) {
         return std::string(ggml_backend_dev_name(select_device(want)));
     }, py::arg("want") = "auto", "The device the backend policy picks for `want` (logged).");
