@@ -301,18 +301,28 @@ void context::decode(decode_batch & batch, float * logits) {
     }
     stats.decode_calls++;
     stats.tokens_decoded += batch.n_tokens;
+    stats.compute_ms_total += last_step.compute_ms;
+    stats.kv_io_ms_total += last_step.kv_io_ms;
+    stats.kv_io_bytes_total += last_step.kv_io_bytes;
+    stats.logits_ms_total += last_step.logits_ms;
+}
+
+// Gives the batch's tokens their arena cells (ub.cells, ub.kv for the mask); returns the cells in use before
+// them, which host mode uploads.
+uint32_t context::place(decode_batch & ub) {
+    kv_update step;
+    step.pos = ub.pos;
+    step.seq = ub.seq;
+    const uint32_t history = kv_->high_water();
+    ub.cells = kv_->apply(step);
+    ub.kv = &kv_->cells();
+    return history;
 }
 
 // One decoder graph (at most ubatch_ tokens): appends the rows, writes the outputs' logits, adds its
 // timings to last_step.
 void context::decode_ubatch(decode_batch & ub, float * logits) {
-    kv_update step;
-    step.pos = ub.pos;
-    step.seq = ub.seq;
-    const uint32_t history = kv_->high_water();  // host mode uploads the cells in use before this step
-    ub.cells = kv_->apply(step);
-    ub.kv = &kv_->cells();
-
+    const uint32_t history = place(ub);
     step_timings & t = last_step;
     const decode_params p{ub.n_tokens, static_cast<uint32_t>(ub.outputs.size()), kv_->cross_rows()};
     auto t0 = clock_type::now();
@@ -332,23 +342,15 @@ void context::decode_ubatch(decode_batch & ub, float * logits) {
     dec_graph_->set_inputs(ub);
     t.build_ms += ms_since(t0);
 
-    const step_timings before = t;
     kv_upload(history, t);
     t0 = clock_type::now();
     compute(sched_dec_, dec_graph_->gf);
-    const double compute_ms = ms_since(t0);
-    t.compute_ms += compute_ms;
+    t.compute_ms += ms_since(t0);
     kv_download(ub, t);
     t0 = clock_type::now();
     dec_graph_->read_logits(logits);
-    const double logits_ms = ms_since(t0);
-    t.logits_ms += logits_ms;
+    t.logits_ms += ms_since(t0);
     t.n_graphs++;
-
-    stats.compute_ms_total += compute_ms;
-    stats.kv_io_ms_total += t.kv_io_ms - before.kv_io_ms;
-    stats.kv_io_bytes_total += t.kv_io_bytes - before.kv_io_bytes;
-    stats.logits_ms_total += logits_ms;
 }
 
 void context::reorder(const std::vector<int32_t> & parents) {
@@ -404,12 +406,7 @@ void context::align(const int32_t * tokens, uint32_t n_tokens, const std::vector
 // One teacher-forced graph of at most ubatch_ tokens with every row an output.
 void context::align_ubatch(decode_batch & ub, const std::vector<align_head> & heads, float * weights,
                            float * logits) {
-    kv_update step;
-    step.pos = ub.pos;
-    step.seq = ub.seq;
-    const uint32_t history = kv_->high_water();
-    ub.cells = kv_->apply(step);
-    ub.kv = &kv_->cells();
+    const uint32_t history = place(ub);
     // A one-off graph (its shape follows the text length); the decoder graph is rebuilt next step.
     dec_graph_.reset();
     ggml_backend_sched_reset(sched_dec_);

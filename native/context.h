@@ -134,6 +134,7 @@ class context {
     void compute(ggml_backend_sched_t sched, ggml_cgraph * gf);
     void check_batch(const decode_batch & batch) const;
     std::vector<int64_t> append_cells(decode_batch & batch);
+    uint32_t place(decode_batch & ub);
     void decode_ubatch(decode_batch & ub, float * logits);
     void align_ubatch(decode_batch & ub, const std::vector<align_head> & heads, float * weights, float * logits);
     void kv_upload(uint32_t n_rows, step_timings & t);
