@@ -19,8 +19,8 @@ from functools import partial
 
 from PySide6.QtCore import QObject, QProcess, QTimer, Signal, Slot
 
-from aural.engine.capture import PACTL_INFO, PACTL_SOURCES, PACTL_TIMEOUT_S, InputDevice, parse_server_sources
 from aural.engine.errors import DeviceError
+from aural.engine.live.capture import PACTL_INFO, PACTL_SOURCES, PACTL_TIMEOUT_S, InputDevice, parse_server_sources
 
 __all__ = ["DeviceWatcher"]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from aural.engine.writers import write_result
+from aural.engine.text.writers import write_result
 
 __all__ = ["CaptionSegment", "save_transcript"]
 

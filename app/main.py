@@ -18,7 +18,7 @@ from PySide6.QtCore import QSettings, QSocketNotifier
 from PySide6.QtWidgets import QApplication
 
 from aural.engine.audio import SAMPLE_RATE
-from aural.engine.capture import InputDevice, ReplaySource
+from aural.engine.live.capture import InputDevice, ReplaySource
 
 from .devices import DeviceWatcher
 from .instance import NotAnswering, SingleInstance

@@ -17,12 +17,12 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from aural.engine.cancel import StopEvent
-from aural.engine.capture import InputDevice, MicrophoneSource, list_input_devices, portaudio_input_devices
-from aural.engine.journal import Session, SessionJournal, mark_session, prune_sessions, unclosed_sessions
+from aural.engine.live.capture import InputDevice, MicrophoneSource, list_input_devices, portaudio_input_devices
+from aural.engine.live.journal import Session, SessionJournal, mark_session, prune_sessions, unclosed_sessions
+from aural.engine.live.streaming import Commit, Metrics, StreamOptions
 from aural.engine.metrics import Timings
-from aural.engine.models import ModelEntry, list_models
+from aural.engine.models.store import ModelEntry, list_models
 from aural.engine.runtime import WhisperModel
-from aural.engine.streaming import Commit, Metrics, StreamOptions
 from aural.engine.transcribe import Segment, TranscribeOptions, TranscriptionInfo
 
 from .export import CaptionSegment

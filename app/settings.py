@@ -7,7 +7,7 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings
 
-from aural.engine.models import DEFAULT_MODEL
+from aural.engine.models.store import DEFAULT_MODEL
 
 __all__ = ["Key", "Settings"]
 

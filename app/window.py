@@ -15,8 +15,8 @@ from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKe
 from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QSplitter,
                                QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
-from aural.engine.tokenizer import LANGUAGES
-from aural.engine.writers import merge_fragments
+from aural.engine.text.tokenizer import LANGUAGES
+from aural.engine.text.writers import merge_fragments
 
 from .devices import DeviceWatcher
 from .export import save_transcript

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from aural.engine.chinese import default_script, localize_segments
 from aural.engine.errors import AuralError
-from aural.engine.models import resolve_model
+from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
+from aural.engine.models.store import resolve_model
 from aural.engine.runtime import DeviceFallback, WhisperModel, compute_devices, load_model
-from aural.engine.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
+from aural.engine.text.chinese import default_script, localize_segments
 from aural.engine.transcribe import TranscribeOptions, transcribe
 
 __all__ = ["ComputeDevicesWorker", "DoctorWorker", "FileRequest", "FileWorker", "LiveWorker", "MeteredSource",

@@ -40,7 +40,7 @@ JFK = "And so my fellow Americans, ask not what your country can do for you, ask
 def worker() -> dict[str, Any]:
     """In a process whose AURAL_CPU_VARIANT is set: every dev clip greedy and beam 5, JFK per weight type."""
     from aural.engine import cpu
-    from aural.engine.models import resolve_model
+    from aural.engine.models.store import resolve_model
     from aural.engine.runtime import WhisperModel
     from aural.engine.transcribe import TranscribeOptions, transcribe
 

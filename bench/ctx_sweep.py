@@ -55,8 +55,8 @@ def layout_model(name: str, out: Path) -> Path:
     """tiny.en with the named decoder layout: f16 elsewhere (the encoder is widened to f32 at load)."""
     import gguf
 
-    from aural.engine import convert
-    from aural.engine.models import _SOURCES, _ct2_dir
+    from aural.engine.models import convert
+    from aural.engine.models.store import _SOURCES, _ct2_dir
 
     def storage_type(t: Any, wtype: str) -> gguf.GGMLQuantizationType:
         f16 = plain(t, "f16")
@@ -94,7 +94,7 @@ def run(model: Any, files: list[tuple[str, np.ndarray, str]], beam: int, audio_c
 
 def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     from aural.engine import transcribe as transcribe_module
-    from aural.engine.models import resolve_model
+    from aural.engine.models.store import resolve_model
     from aural.engine.runtime import WhisperModel
 
     sets = load_sets()

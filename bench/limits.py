@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
     if "--render" in argv:
         (RESULTS / "limits.md").write_text(render())
         return 0
-    from aural.engine.models import resolve_model
+    from aural.engine.models.store import resolve_model
 
     model = argv[0] if argv else str(resolve_model(None))
     out = measure(model)

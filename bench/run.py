@@ -298,7 +298,7 @@ def write_summary(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], 
         "",
         f"Model: Whisper {meta.get('model', 'tiny.en')}, one set of weights: faster-whisper reads the CTranslate2 directory, Aural "
         "its f16 GGUF converted from it, whisper.cpp the ggml .bin exported from that GGUF "
-        "(`aural.engine.export_ggml`). Audio decoded once to 16 kHz float32; decoding is not timed. "
+        "(`aural.engine.models.export_ggml`). Audio decoded once to 16 kHz float32; decoding is not timed. "
         "Processing = transcribe call to last segment, after model load and a warm-up pass. "
         "× fastest peer = processing time over the fastest peer's in the same round and decoding mode "
         "(median over rounds). Encoder ms = mean per window (whisper.cpp reports only the mean); a window "

@@ -37,11 +37,11 @@ from common import RESULTS, english_dev_clips, fmt, machine_info, md_table, word
 
 from aural.engine.audio import SAMPLE_RATE, load_audio  # noqa: E402
 from aural.engine.cancel import StopEvent  # noqa: E402
-from aural.engine.capture import ReplaySource  # noqa: E402
+from aural.engine.live.capture import ReplaySource  # noqa: E402
+from aural.engine.live.streaming import Commit, Error, Metrics, StreamOptions, live_events  # noqa: E402
 from aural.engine.metrics import peak_rss_mb  # noqa: E402
-from aural.engine.models import resolve_model  # noqa: E402
+from aural.engine.models.store import resolve_model  # noqa: E402
 from aural.engine.runtime import WhisperModel  # noqa: E402
-from aural.engine.streaming import Commit, Error, Metrics, StreamOptions, live_events  # noqa: E402
 from aural.engine.transcribe import transcribe  # noqa: E402
 
 logger = logging.getLogger("bench.soak")

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .tokenizer import WhisperTokenizer
+from .text.tokenizer import WhisperTokenizer
 
 __all__ = ["WordTiming", "dtw", "find_alignment", "median_filter", "merge_punctuations", "split_words"]
 

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from . import __version__, cpu
 from .errors import AudioError, AuralError, ModelError
-from .writers import DEFAULT_MAX_CUE_S, DEFAULT_MAX_LINE_LEN, WRITERS, write_result
+from .text.writers import DEFAULT_MAX_CUE_S, DEFAULT_MAX_LINE_LEN, WRITERS, write_result
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -178,7 +178,7 @@ def _model_loader(args: argparse.Namespace) -> Callable[[], Any]:
 
     def load() -> Any:
         if not loaded:
-            from .models import resolve_model
+            from .models.store import resolve_model
             from .runtime import load_model, resolve_device
 
             # A --backend that names no device is a mistake to report; a device there that fails falls back
@@ -193,7 +193,7 @@ def _model_loader(args: argparse.Namespace) -> Callable[[], Any]:
 
 def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: Any) -> None:
     from .audio import load_audio
-    from .chinese import default_script, localize_segments
+    from .text.chinese import default_script, localize_segments
     from .transcribe import transcribe
 
     if args.task == "translate" and not model.multilingual:
@@ -424,8 +424,8 @@ def _add_models(subparsers: Any) -> None:
 
 
 def _run_models_list(args: argparse.Namespace) -> int:
-    from .catalog import base_url
-    from .models import catalog_models, format_catalog_table, format_model_table, list_models
+    from .models.catalog import base_url
+    from .models.store import catalog_models, format_catalog_table, format_model_table, list_models
 
     if args.available:  # the only listing that may use the network: a mirror's catalog.json
         print(format_catalog_table(catalog_models(remote=True)))
@@ -439,7 +439,7 @@ def _run_models_list(args: argparse.Namespace) -> int:
 
 
 def _run_models_pull(args: argparse.Namespace) -> int:
-    from .models import pull
+    from .models.store import pull
 
     bar = _PullBar(sys.stderr, args.wtype)
     last = None
@@ -460,7 +460,7 @@ def _run_models_pull(args: argparse.Namespace) -> int:
 
 
 def _run_models_rm(args: argparse.Namespace) -> int:
-    from .models import remove_pulled
+    from .models.store import remove_pulled
 
     freed = remove_pulled(args.name)
     print(f"Removed {args.name} ({freed / 2**20:.1f} MiB freed).")
@@ -470,18 +470,18 @@ def _run_models_rm(args: argparse.Namespace) -> int:
 def _run_models_convert(args: argparse.Namespace) -> int:
     if args.output is None:
         # Without -o the conversion goes where `transcribe -m SRC` would look for it: the cache.
-        from .models import resolve_model
+        from .models.store import resolve_model
 
         print(resolve_model(args.src, wtype=args.wtype))
     else:
-        from .importers import convert_model
+        from .models.importers import convert_model
 
         print(convert_model(args.src, args.output, wtype=args.wtype))
     return 0
 
 
 def _run_models_path(args: argparse.Namespace) -> int:
-    from .models import resolve_model
+    from .models.store import resolve_model
 
     print(resolve_model(args.name, wtype=args.wtype))
     return 0
@@ -522,10 +522,10 @@ def _run_live(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from .capture import MicrophoneSource, ReplaySource
-    from .journal import SessionJournal, prune_sessions
-    from .streaming import Commit, Error, Metrics, Partial, StreamOptions, event_dict, live_events
-    from .tokenizer import normalize_language
+    from .live.capture import MicrophoneSource, ReplaySource
+    from .live.journal import SessionJournal, prune_sessions
+    from .live.streaming import Commit, Error, Metrics, Partial, StreamOptions, event_dict, live_events
+    from .text.tokenizer import normalize_language
 
     if args.replay is None and args.speed != 1.0:
         return _usage_error(args.parser, "--speed needs --replay")

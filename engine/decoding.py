@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .metrics import TokenTimer
-from .tokenizer import TIME_PRECISION, WhisperTokenizer
+from .text.tokenizer import TIME_PRECISION, WhisperTokenizer
 
 __all__ = [
     "DecodingOptions",

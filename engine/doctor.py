@@ -95,7 +95,7 @@ def _audio_input_status() -> dict[str, Any]:
 
 def _model_status() -> dict[str, Any]:
     """The model used when none is named: where converted models live and which types are converted."""
-    from .models import DEFAULT_MODEL, cache_dir, list_models
+    from .models.store import DEFAULT_MODEL, cache_dir, list_models
 
     (entry,) = (e for e in list_models() if e.name == DEFAULT_MODEL)
     return {

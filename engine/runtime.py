@@ -25,8 +25,8 @@ import numpy as np
 
 from .errors import ModelError
 from .features import mel_filters
-from .models import model_info
-from .tokenizer import WhisperTokenizer
+from .models.store import model_info
+from .text.tokenizer import WhisperTokenizer
 
 __all__ = ["CPU_DEVICE", "ComputeDevice", "DeviceFallback", "FallbackSession", "WhisperModel", "compute_devices",
            "load_model", "resolve_device"]

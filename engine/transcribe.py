@@ -7,7 +7,7 @@ fallback, the no-speech skip, segment cutting and prompt conditioning follow ope
 transcribe.py (`transcribe`) and faster-whisper transcribe.py (`generate_segments`). A window of digital
 silence is skipped before it is encoded (see SILENCE_PEAK). A window holding less than 30 s of audio
 (a short input, the end of a long one) is encoded with a shorter context unless `audio_ctx="full"` (see
-AUDIO_CTX_MIN_S). With `vad_filter` only the speech regions found by `vad_filter.py` are transcribed, and
+AUDIO_CTX_MIN_S). With `vad_filter` only the speech regions found by `vad/regions.py` are transcribed, and
 segment times are mapped back to the input's timeline.
 
 A device that fails mid-file (lost, out of memory) hands the run to the CPU (`runtime.FallbackSession`):
@@ -37,8 +37,8 @@ from .errors import AudioError
 from .features import AUDIO_CTX_MODES, HOP_LENGTH, N_FRAMES, N_SAMPLES, context_frames, window_mel
 from .metrics import Timings, TokenTimer
 from .runtime import MAX_SEQUENCES, DeviceFallback, FallbackSession, WhisperModel
-from .tokenizer import TIME_PRECISION, WhisperTokenizer, normalize_language
-from .vad_filter import SpeechMap, VadFilterOptions, has_speech, keep_regions, speech_regions
+from .text.tokenizer import TIME_PRECISION, WhisperTokenizer, normalize_language
+from .vad.regions import SpeechMap, VadFilterOptions, has_speech, keep_regions, speech_regions
 
 __all__ = [
     "TranscribeOptions",
@@ -111,7 +111,7 @@ class TranscribeOptions:
         word_timestamps: give each segment its words with start and end times.
         prepend_punctuations: with word_timestamps, these join the word after them.
         append_punctuations: with word_timestamps, these join the word before them.
-        vad_filter: transcribe only the speech regions Silero VAD finds (`vad_filter.py`); times
+        vad_filter: transcribe only the speech regions Silero VAD finds (`vad/regions.py`); times
             still refer to the whole input.
         vad_options: the regions' rules; None: `VadFilterOptions()`.
         audio_ctx: "auto" encodes a window holding less than 30 s of audio with a shorter context

@@ -1,4 +1,4 @@
-// Whisper hyper-parameters, read from the GGUF keys `whisper.*` written by aural.engine.convert.
+// Whisper hyper-parameters, read from the GGUF keys `whisper.*` written by aural.engine.models.convert.
 #pragma once
 
 #include <cstdint>

@@ -16,11 +16,11 @@ from fnmatch import fnmatch
 WHEEL_NEEDS = [
     "aural/_native*.so", "aural/engine/__init__.py", "aural/engine/cli.py", "aural/app/__init__.py",
     "aural/app/main.py", "aural/resources/style.qss", "aural/resources/icons/aural-256.png",
-    "aural/resources/aural.desktop", "aural/engine/catalog.json",
+    "aural/resources/aural.desktop", "aural/engine/models/catalog.json",
 ]
 SDIST_NEEDS = [
     "pyproject.toml", "CMakeLists.txt", "native/CMakeLists.txt", "native/backend.cpp",
-    "native/bindings/module.cpp", "engine/cli.py", "engine/catalog.json", "app/main.py", "resources/style.qss",
+    "native/bindings/module.cpp", "engine/cli.py", "engine/models/catalog.json", "app/main.py", "resources/style.qss",
     "resources/icons/aural-256.png", "resources/aural.desktop", "resources/io.github.aural.Aural.metainfo.xml",
 ]
 

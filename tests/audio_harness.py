@@ -38,7 +38,7 @@ _SCRIPT = (
 )
 
 
-# How long an earlier test's input stream may still take to close in the background (capture.py leaves a
+# How long an earlier test's input stream may still take to close in the background (live/capture.py leaves a
 # stream that does not close within 2 s to a daemon thread; on a loaded 2-core VM a live test's did).
 _CLOSER_WAIT_S = 60.0
 
@@ -49,7 +49,7 @@ def rescan_portaudio() -> None:
     the closers are waited for first."""
     import sounddevice as sd
 
-    from aural.engine.capture import CLOSER_THREAD
+    from aural.engine.live.capture import CLOSER_THREAD
 
     for closer in [t for t in threading.enumerate() if t.name == CLOSER_THREAD]:
         closer.join(_CLOSER_WAIT_S)
@@ -212,7 +212,7 @@ def private_mic(virtual_mic):
 
     # No PortAudio rescan: the session's rescan already lists ALSA's pulse devices, and each stream they
     # open connects to the server PULSE_SERVER names then. A rescan (Pa_Terminate) would also wait forever
-    # for a stream that a killed daemon left stuck (capture.py gives up on closing such a stream).
+    # for a stream that a killed daemon left stuck (live/capture.py gives up on closing such a stream).
     def start(rate: int = 16000) -> VirtualMic:
         mic = VirtualMic(rate).start()
         mics.append(mic)

@@ -72,7 +72,7 @@ def jfk_wav(data_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_gguf() -> Path:
-    from aural.engine.models import resolve_model
+    from aural.engine.models.store import resolve_model
 
     return resolve_model(None)
 

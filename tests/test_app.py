@@ -28,20 +28,20 @@ from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent, QFont
 from PySide6.QtWidgets import QApplication, QFileDialog, QLabel, QToolButton, QWidget
 
 from aural.app import jobs
-from aural.app.jobs import FileJob, JobStatus
 from aural.app.instance import SingleInstance
+from aural.app.jobs import FileJob, JobStatus
 from aural.app.main import build_window
 from aural.app.services import Catalog, open_microphone
-from aural.app.workers import worker_threads
 from aural.app.settings import Key, Settings
 from aural.app.widgets.captions import CaptionsView
 from aural.app.widgets.metrics import MetricsPanel
 from aural.app.widgets.presentation import CaptionWindow
-from aural.engine.capture import InputDevice
+from aural.app.workers import worker_threads
 from aural.engine.errors import DeviceError
-from aural.engine.journal import read_session, sessions_dir, unclosed_sessions
-from aural.engine.models import list_models
-from aural.engine.streaming import Metrics
+from aural.engine.live.capture import InputDevice
+from aural.engine.live.journal import read_session, sessions_dir, unclosed_sessions
+from aural.engine.live.streaming import Metrics
+from aural.engine.models.store import list_models
 from audio_harness import private_mic, pulse_modules, virtual_mic  # noqa: F401 - the virtual microphone fixtures
 from fake_device import COMPUTE_FAILURE, INIT_FAILURE, FakeGpu
 
@@ -560,7 +560,7 @@ def test_model_failure_shows_an_error_and_another_model_can_be_picked(settings, 
 
 
 def test_closing_during_work_stops_the_workers(make_window, qtbot, jfk_wav):
-    from aural.engine.capture import ReplaySource
+    from aural.engine.live.capture import ReplaySource
 
     window = make_window(open_source=lambda _device: ReplaySource(jfk_wav))
     window.toggle_live()
@@ -633,7 +633,7 @@ def crash_with_session(directory, texts) -> None:
     code = textwrap.dedent(f"""
         import os
         from pathlib import Path
-        from aural.engine.journal import SessionJournal
+        from aural.engine.live.journal import SessionJournal
         journal = SessionJournal(model="whisper-tiny.en", source="aural live", directory=Path({str(directory)!r}))
         for i, text in enumerate({list(texts)!r}):
             journal.append(text, 2.0 * i, 2.0 * i + 1.5)
@@ -660,7 +660,7 @@ def test_unclosed_sessions_are_offered_one_by_one_without_blocking(make_window, 
 
 
 def test_captions_go_on_when_the_journal_cannot_be_written(make_window, qtbot, data_dir, tmp_path, monkeypatch):
-    from aural.engine.capture import ReplaySource
+    from aural.engine.live.capture import ReplaySource
 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
@@ -695,7 +695,7 @@ def test_space_starts_the_microphone_only_on_the_live_tab(make_window, qtbot, da
 
 
 def test_clear_captions_can_be_undone_and_keeps_the_journal(make_window, qtbot, data_dir, journal_dir):
-    from aural.engine.capture import ReplaySource
+    from aural.engine.live.capture import ReplaySource
 
     window = make_window(open_source=lambda _device: ReplaySource(data_dir / "en_speechbrain_example1.wav"))
     with qtbot.waitSignals([window.live.running_changed, window.live.running_changed], timeout=FILE_S):
@@ -739,7 +739,7 @@ def test_preferences_decide_how_files_are_decoded_and_how_the_caption_window_loo
 
 
 def test_preferences_pick_the_model_the_input_and_the_caption_colours(make_window, qtbot, tiny_gguf, tmp_path):
-    from aural.engine.capture import InputDevice
+    from aural.engine.live.capture import InputDevice
 
     inputs = [InputDevice(0, "Desk microphone", 48000.0, True), InputDevice(1, "Headset", 16000.0, False)]
     window = make_window(catalog=Catalog(input_devices=lambda: inputs, pactl=""))
@@ -840,7 +840,7 @@ def test_a_device_lost_mid_file_keeps_the_segments_done_and_finishes_on_the_cpu(
 
 def test_a_device_lost_mid_stream_keeps_the_captions_and_the_journal(make_window, settings, qtbot, jfk_wav,
                                                                      journal_dir, monkeypatch):
-    from aural.engine.capture import ReplaySource
+    from aural.engine.live.capture import ReplaySource
 
     FakeGpu(lost_at=("encode", 5)).install(monkeypatch)
     settings.set(Key.COMPUTE_DEVICE, "Vulkan0")

@@ -17,10 +17,10 @@ import pytest
 import soundfile as sf
 
 from audio_harness import VirtualMic, private_mic, pulse_modules  # noqa: F401 - fixtures
-from aural.engine.capture import (MicrophoneSource, ReplaySource, _capture_rate, list_input_devices,
+from aural.engine.live.capture import (MicrophoneSource, ReplaySource, _capture_rate, list_input_devices,
                                   parse_server_sources, portaudio_input_devices, server_sources)
 from aural.engine.errors import AudioError, DeviceError
-from aural.engine.streaming import Commit, Error, Metrics, live_events
+from aural.engine.live.streaming import Commit, Error, Metrics, live_events
 
 pytestmark = pytest.mark.audio
 
@@ -182,8 +182,8 @@ def test_device_rate_is_resampled_to_16k(virtual_mic, injected_wav):
 
 def test_no_sound_server_is_a_device_error():
     result = run_python("""
-        from aural.engine.capture import MicrophoneSource, list_input_devices, server_sources
         from aural.engine.errors import DeviceError
+        from aural.engine.live.capture import MicrophoneSource, list_input_devices, server_sources
         try:
             server_sources()
         except DeviceError as exc:
@@ -204,8 +204,8 @@ def test_missing_portaudio_is_a_device_error(tmp_path):
     # sounddevice raises OSError at import when libportaudio2 is missing; a stand-in module does the same.
     (tmp_path / "sounddevice.py").write_text("raise OSError('PortAudio library not found')\n")
     result = run_python("""
-        from aural.engine.capture import MicrophoneSource
         from aural.engine.errors import DeviceError
+        from aural.engine.live.capture import MicrophoneSource
         try:
             MicrophoneSource().start()
         except DeviceError as exc:
@@ -225,7 +225,7 @@ def test_vanished_device_is_an_error_and_the_source_restarts(tmp_path, how):
         from audio_harness import VirtualMic
         mic = VirtualMic(directory=Path({str(tmp_path)!r})).start()
         os.environ["PULSE_SERVER"] = mic.server
-        from aural.engine.capture import MicrophoneSource
+        from aural.engine.live.capture import MicrophoneSource
         source = MicrophoneSource()
         source.start()
         assert source.read(5.0) is not None

@@ -22,11 +22,12 @@ import pytest
 from conftest import assert_one_error_line, run_cli
 from model_mirror import catalog_entry, connect_recorder, mirror, write_catalog
 
-from aural.engine import cli, download
-from aural.engine.catalog import MIRROR_ENV, find_entry, load_catalog, parse_catalog
+from aural.engine import cli
 from aural.engine.errors import DownloadError, ModelError
-from aural.engine.export_ggml import export_ggml
-from aural.engine.models import catalog_models, format_catalog_table, pull, remove_pulled, resolve_model
+from aural.engine.models import download
+from aural.engine.models.catalog import MIRROR_ENV, find_entry, load_catalog, parse_catalog
+from aural.engine.models.export_ggml import export_ggml
+from aural.engine.models.store import catalog_models, format_catalog_table, pull, remove_pulled, resolve_model
 
 SIZES = ["tiny", "tiny.en", "base", "base.en", "small", "small.en", "medium", "medium.en", "large-v3",
          "large-v3-turbo"]
@@ -376,7 +377,7 @@ class _Stream(io.StringIO):
 
 
 def _steps(total: int = 100 * 2**20):
-    from aural.engine.models import PullProgress
+    from aural.engine.models.store import PullProgress
 
     yield from (PullProgress("download", "tiny", total * i // 20, total) for i in range(1, 21))
     yield PullProgress("verify", "tiny", total, total)

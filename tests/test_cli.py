@@ -46,7 +46,7 @@ def cli_env(cache_dir):
 def model_path(cache_dir):
     """The default model, converted into the session cache by `models.resolve_model()`."""
     pytest.importorskip("aural._native", reason="native engine not built")
-    from aural.engine import models
+    from aural.engine.models import store as models
 
     saved = os.environ.get("AURAL_CACHE_DIR")
     os.environ["AURAL_CACHE_DIR"] = str(cache_dir)

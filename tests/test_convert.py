@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-from aural.engine.convert import (
+from aural.engine.models.convert import (
     FILE_TYPES,
     WEIGHT_TYPES,
     WhisperHParams,

@@ -8,8 +8,8 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from whisper_normalizer.english import EnglishTextNormalizer
 
-from aural.engine import models
 from aural.engine.audio import load_audio
+from aural.engine.models import store as models
 from aural.engine.decoding import (
     DecodingOptions,
     apply_timestamp_rules,
@@ -24,7 +24,7 @@ from aural.engine.decoding import (
     suppress_tokens,
 )
 from aural.engine.features import N_SAMPLES, log_mel_spectrogram
-from aural.engine.tokenizer import WhisperTokenizer
+from aural.engine.text.tokenizer import WhisperTokenizer
 
 N_VOCAB = 51864
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."

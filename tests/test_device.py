@@ -17,9 +17,9 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine import audio, doctor, features  # first: the engine package sets the OpenMP spin limit
 from aural import _native  # noqa: I001
-from aural.engine.capture import ReplaySource
+from aural.engine.live.capture import ReplaySource
+from aural.engine.live.streaming import Commit, Metrics, live_events
 from aural.engine.runtime import WhisperModel
-from aural.engine.streaming import Commit, Metrics, live_events
 from aural.engine.transcribe import TranscribeOptions, transcribe
 
 BACKEND = os.environ.get("AURAL_TEST_BACKEND", "")

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from aural.engine.errors import ModelError
-from aural.engine.export_ggml import GGML_MAGIC, export_ggml, ggml_tensor_name, main, read_ggml
-from aural.engine.models import model_info
+from aural.engine.models.export_ggml import GGML_MAGIC, export_ggml, ggml_tensor_name, main, read_ggml
+from aural.engine.models.store import model_info
 
 REPO = Path(__file__).resolve().parents[1]
 JFK_WORDS = ("and so my fellow americans ask not what your country can do for you "

@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from aural.engine import cli
-from aural.engine.capture import ReplaySource
+from aural.engine.live.capture import ReplaySource
+from aural.engine.live.streaming import Commit, DeviceFallback, Metrics, event_dict, live_events
 from aural.engine.runtime import CPU_DEVICE, compute_devices, load_model, resolve_device
-from aural.engine.streaming import Commit, DeviceFallback, Metrics, event_dict, live_events
 from aural.engine.transcribe import TranscribeOptions, transcribe
 from fake_device import COMPUTE_FAILURE, INIT_FAILURE, NAME, RESERVE_FAILURE, FakeGpu
 

@@ -43,7 +43,8 @@ FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
 _WORKER = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from aural.engine import audio, models
+    from aural.engine import audio
+    from aural.engine.models import store as models
     from aural import _native
 
     def outcome(call):

@@ -19,10 +19,10 @@ from tokenizers import Tokenizer
 from aural.engine.audio import load_audio
 from aural.engine.cli import main as cli_main
 from aural.engine.errors import ModelError
-from aural.engine.export_ggml import export_ggml, read_ggml
 from aural.engine.features import log_mel_spectrogram, mel_filters
-from aural.engine.importers import convert_model, read_hf
-from aural.engine.models import model_info, resolve_model
+from aural.engine.models.export_ggml import export_ggml, read_ggml
+from aural.engine.models.importers import convert_model, read_hf
+from aural.engine.models.store import model_info, resolve_model
 from aural.engine.runtime import WhisperModel
 from aural.engine.transcribe import transcribe
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aural.engine.journal import (SessionJournal, mark_session, prune_sessions, read_session, sessions_dir,
+from aural.engine.live.journal import (SessionJournal, mark_session, prune_sessions, read_session, sessions_dir,
                                   unclosed_sessions)
 
 
@@ -25,7 +25,7 @@ def writer_script(directory: Path, n: int, then: str = "time.sleep(600)") -> str
     return textwrap.dedent(f"""
         import os, time
         from pathlib import Path
-        from aural.engine.journal import SessionJournal
+        from aural.engine.live.journal import SessionJournal
         journal = SessionJournal(model="whisper-tiny.en", source="test", directory=Path({str(directory)!r}))
         for i in range({n}):
             journal.append(f"words number {{i}}", i * 1.0, i + 0.5)

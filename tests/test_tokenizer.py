@@ -6,8 +6,8 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from aural.engine import models
-from aural.engine.tokenizer import LANGUAGES, WhisperTokenizer, normalize_language
+from aural.engine.models import store as models
+from aural.engine.text.tokenizer import LANGUAGES, WhisperTokenizer, normalize_language
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine.audio import load_audio
 from aural.engine.transcribe import TranscribeOptions, transcribe
-from aural.engine.vad import FRAME_SAMPLES
-from aural.engine.vad_filter import (
+from aural.engine.vad.gate import FRAME_SAMPLES
+from aural.engine.vad.regions import (
     SpeechMap,
     SpeechRegions,
     VadFilterOptions,

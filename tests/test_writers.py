@@ -9,7 +9,7 @@ import srt
 import webvtt
 
 from aural.engine.transcribe import Segment, Word
-from aural.engine.writers import (
+from aural.engine.text.writers import (
     DEFAULT_MAX_CUE_S,
     DEFAULT_MAX_LINE_LEN,
     WRITERS,

@@ -94,7 +94,7 @@ stage_data_and_models() {
         stream=$([ "$model" = tiny.en ] && echo core || echo base)
         mkdir -p "$DEVICE/stage/$stream/cache"
         AURAL_CACHE_DIR="$DEVICE/stage/$stream/cache" .venv-cuda/bin/python -c \
-            "import sys; from aural.engine.models import resolve_model; print(resolve_model(sys.argv[1]))" "$model"
+            "import sys; from aural.engine.models.store import resolve_model; print(resolve_model(sys.argv[1]))" "$model"
     done
 }
 

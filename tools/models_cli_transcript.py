@@ -3,7 +3,7 @@
     .venv/bin/python tools/models_cli_transcript.py [OUT]     # default OUT: docs/models-cli.txt
 
 The mirror is tests/model_mirror.py's server: it serves whisper.cpp's ggml-tiny.en.bin as exported from the
-bundled tiny.en by aural.engine.export_ggml, with a catalog.json naming it (so the session needs no network,
+bundled tiny.en by aural.engine.models.export_ggml, with a catalog.json naming it (so the session needs no network,
 and Hugging Face is never contacted), and it cuts the first download after 20 MiB to show the resume. Each
 command runs as a user would run it, in a child process with a fresh cache, its stdout and stderr together.
 """
@@ -42,8 +42,8 @@ def _free_port() -> int:
 
 def _session(root: Path, cache: Path) -> str:
     os.environ["AURAL_CACHE_DIR"] = str(cache)
-    from aural.engine.export_ggml import export_ggml
-    from aural.engine.models import resolve_model
+    from aural.engine.models.export_ggml import export_ggml
+    from aural.engine.models.store import resolve_model
 
     ggml = export_ggml(resolve_model("tiny.en"), root / "ggml-tiny.en.bin")
     write_catalog(root, [catalog_entry("tiny.en", ggml)])

@@ -18,7 +18,7 @@ from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from aural.engine import __version__
-from aural.engine.models import ModelEntry
+from aural.engine.models.store import ModelEntry
 
 __all__ = ["AboutDialog", "model_licences"]
 

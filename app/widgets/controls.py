@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import QComboBox, QGridLayout, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
-from aural.engine.tokenizer import LANGUAGES
+from aural.engine.text.tokenizer import LANGUAGES
 
 from .level_meter import LevelMeter
 

@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
-from aural.engine.writers import format_timestamp
+from aural.engine.text.writers import format_timestamp
 
 from ..jobs import FileJob, JobStatus
 from .file_queue import format_duration

@@ -210,7 +210,7 @@ def _child_command() -> list[str]:
 
 
 def _cache_path() -> Path:
-    from ..models import cache_dir
+    from ..models.store import cache_dir
 
     return cache_dir().parent / "cpu-probe.json"
 

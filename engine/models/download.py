@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from . import __version__
-from .errors import DownloadError
+from .. import __version__
+from ..errors import DownloadError
 
 try:
     import fcntl

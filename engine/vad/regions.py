@@ -22,7 +22,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .vad import FRAME_SAMPLES, SpeechGate
+from .gate import FRAME_SAMPLES, SpeechGate
 
 __all__ = ["VadFilterOptions", "SpeechRegions", "SpeechMap", "speech_regions", "has_speech", "keep_regions"]
 

@@ -44,9 +44,9 @@ from typing import BinaryIO, Iterator
 import gguf
 import numpy as np
 
-from .errors import AuralError, ModelError
-from .features import mel_filters
-from .models import model_info, resolve_model
+from ..errors import AuralError, ModelError
+from ..features import mel_filters
+from .store import model_info, resolve_model
 
 __all__ = [
     "GGML_MAGIC",
@@ -347,7 +347,7 @@ def read_ggml(path: str | Path) -> GgmlFile:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m aural.engine.export_ggml",
+        prog="python -m aural.engine.models.export_ggml",
         description="Export an Aural Whisper model to whisper.cpp's ggml .bin format.")
     parser.add_argument("source", nargs="?", default=None,
                         help="model name (tiny.en, base), CTranslate2 directory or Aural .gguf (default: tiny.en)")

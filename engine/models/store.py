@@ -14,10 +14,10 @@ for a whisper.cpp ggml .bin. Files only ever appear by atomic
 rename, and conversion is deterministic, so two processes filling the cache at once both end with the same
 intact file (at worst both convert); no lock is needed.
 
-Pulled models (`aural models pull NAME`, the catalog of engine/catalog.json): <cache>/models/pulled/<name>/ holds
+Pulled models (`aural models pull NAME`, the catalog of models/catalog.json): <cache>/models/pulled/<name>/ holds
 ggml-<name>.bin, the verified whisper.cpp download (kept, so another --type converts without the network, and a
 damaged GGUF is made again), <name>-<wtype>.gguf with its sidecar for each type converted, and while a
-download is unfinished its resumable partial (download.py). A pulled name wins over a packaged one of the same
+download is unfinished its resumable partial (models/download.py). A pulled name wins over a packaged one of the same
 name (tiny.en, base): the user fetched it on purpose. Nothing is ever downloaded while resolving a name.
 
 Bundled models: a self-contained build (the PyInstaller bundle of `make package`) ships converted files as
@@ -46,11 +46,11 @@ import gguf
 import numpy as np
 import platformdirs
 
-from aural.engine.catalog import CatalogEntry, find_entry, is_safe_name, load_catalog
-from aural.engine.convert import FILE_TYPES, HPARAM_KEYS, WEIGHT_TYPES, check_wtype, convert_ct2, file_sha256
-from aural.engine.download import download, partial_path
 from aural.engine.errors import ModelError
-from aural.engine.importers import FORMATS, convert_model, source_format, source_sha256
+from aural.engine.models.catalog import CatalogEntry, find_entry, is_safe_name, load_catalog
+from aural.engine.models.convert import FILE_TYPES, HPARAM_KEYS, WEIGHT_TYPES, check_wtype, convert_ct2, file_sha256
+from aural.engine.models.download import download, partial_path
+from aural.engine.models.importers import FORMATS, convert_model, source_format, source_sha256
 
 __all__ = [
     "DEFAULT_MODEL",

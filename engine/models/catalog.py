@@ -1,5 +1,5 @@
 """The catalog of Whisper models Aural can download: whisper.cpp's ggml files of every size, with their sizes,
-checksums and licence (the data is engine/catalog.json; its "sources" field cites where each number comes from).
+checksums and licence (the data is catalog.json beside this file; its "sources" field cites where each number comes from).
 
     entries = load_catalog()                 # the built-in catalog, read from the package (no network)
     entry = find_entry("small", remote=True) # with AURAL_MODEL_MIRROR set, the mirror's catalog.json first
@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .errors import DownloadError, ModelError
+from ..errors import DownloadError, ModelError
 
 __all__ = ["MIRROR_ENV", "CatalogEntry", "base_url", "find_entry", "is_safe_name", "load_catalog", "parse_catalog"]
 
@@ -104,7 +104,7 @@ def find_entry(name: str, *, remote: bool = False) -> CatalogEntry:
 
 
 def parse_catalog(data: Any, base: str, *, origin: str) -> dict[str, CatalogEntry]:
-    """Validate a catalog document (the schema of engine/catalog.json) and make its entries, files at base."""
+    """Validate a catalog document (the schema of the built-in catalog.json) and make its entries, files at base."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("models"), list):
         raise ModelError(f"{origin} is not an Aural model catalog (schema {SCHEMA} with a 'models' list).")
     entries = [_entry(item, base, origin) for item in data["models"]]

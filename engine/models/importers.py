@@ -41,7 +41,7 @@ import numpy as np
 from gguf.quants import dequantize
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from aural.engine.convert import (
+from aural.engine.models.convert import (
     LazyTensor,
     SourceArray,
     WhisperHParams,
@@ -53,7 +53,7 @@ from aural.engine.convert import (
     write_gguf,
 )
 from aural.engine.errors import ModelError
-from aural.engine.tokenizer import LANGUAGES
+from aural.engine.text.tokenizer import LANGUAGES
 
 __all__ = [
     "FORMATS",
@@ -66,7 +66,7 @@ __all__ = [
     "source_sha256",
 ]
 
-# Source format -> short prefix of its cache file name (models.py).
+# Source format -> short prefix of its cache file name (store.py).
 FORMATS = {"ctranslate2": "ct2", "huggingface": "hf", "whisper.cpp": "ggml"}
 
 _GGML_MAGIC = 0x67676D6C  # "ggml" (ggml.h GGML_FILE_MAGIC); export_ggml.GGML_MAGIC, which imports models
@@ -246,7 +246,7 @@ def read_ggml_model(path: str | Path) -> WhisperSource:
     filters = _ggml_filters(cursor, hp.n_mels)
     tokens = _ggml_tokens(cursor, hp.n_vocab)
     tensors = _ggml_tensors(cursor)
-    from aural.engine.export_ggml import ggml_tensor_name  # imported here: export_ggml imports models
+    from aural.engine.models.export_ggml import ggml_tensor_name  # imported here: export_ggml imports models
 
     def lookup(name: str) -> tuple[SourceArray, str]:
         ggml_name = ggml_tensor_name(name)

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, Resampler16k, stream_audio
-from .errors import AudioError, DeviceError
+from ..audio import SAMPLE_RATE, Resampler16k, stream_audio
+from ..errors import AudioError, DeviceError
 
 __all__ = ["CLOSER_THREAD", "InputDevice", "PACTL_INFO", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource",
            "ReplaySource", "parse_server_sources", "portaudio_input_devices", "server_sources"]

@@ -49,14 +49,14 @@ from typing import Iterator, Sequence, Union
 
 import numpy as np
 
-from .chinese import default_script, to_script
-from .decoding import DecodingOptions, DecodingResult, decode_window, detect_language
-from .errors import AuralError
-from .features import AUDIO_CTX_MODES, N_SAMPLES, context_frames, window_mel
-from .metrics import TokenTimer, peak_rss_mb
-from .runtime import DeviceFallback, FallbackSession, WhisperModel
-from .tokenizer import TIME_PRECISION, WhisperTokenizer
-from .vad import FRAME_SAMPLES, SpeechGate, VadOptions
+from ..decoding import DecodingOptions, DecodingResult, decode_window, detect_language
+from ..errors import AuralError
+from ..features import AUDIO_CTX_MODES, N_SAMPLES, context_frames, window_mel
+from ..metrics import TokenTimer, peak_rss_mb
+from ..runtime import DeviceFallback, FallbackSession, WhisperModel
+from ..text.chinese import default_script, to_script
+from ..text.tokenizer import TIME_PRECISION, WhisperTokenizer
+from ..vad.gate import FRAME_SAMPLES, SpeechGate, VadOptions
 
 __all__ = ["Partial", "Commit", "Metrics", "Error", "DeviceFallback", "Event", "StreamOptions", "event_dict",
            "live_events"]
