@@ -13,6 +13,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define AURAL_X86_KERNELS 1
+#include <immintrin.h>
 #define AURAL_INLINE inline __attribute__((always_inline))
 // GCC notes that passing 256/512-bit vectors by value depends on the ISA. The helpers taking them are always
 // inlined into one entry point per ISA, so no vector crosses a real call.
@@ -221,6 +222,147 @@ void attention_op(ggml_tensor * dst, const ggml_tensor * q, const ggml_tensor * 
     }
 }
 
+// ------------------------------------------------------------------------------------------------------------
+// The decoder's cross-attention: a few query rows (one per beam, or a prompt) over the window's f16 cross K/V.
+// ggml's three ops spend most of their time in 64-long f16 dot calls (one per position, row and head) and
+// round q and the softmaxed weights to f16 on the way; here each K row is converted once per step and dotted
+// with every query row in registers, and the weights stay f32.
+
+// The ISA-specific pieces, as plain inline functions with their target: the kernel template calls them
+// without a target of its own and is compiled into each entry point below, whose `flatten` inlines them there
+// (an always_inline call across a target mismatch would not compile).
+struct f16_avx512 {
+    static constexpr int W = 16;
+    using V = __m512;
+    __attribute__((target("avx512f"))) static inline V half(const ggml_fp16_t * p) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+    }
+    __attribute__((target("avx512f"))) static inline V load(const float * p) { return _mm512_loadu_ps(p); }
+    __attribute__((target("avx512f"))) static inline V zero() { return _mm512_setzero_ps(); }
+    __attribute__((target("avx512f"))) static inline float sum(V v) { return _mm512_reduce_add_ps(v); }
+};
+
+struct f16_avx2 {
+    static constexpr int W = 8;
+    using V = __m256;
+    __attribute__((target("avx2,fma,f16c"))) static inline V half(const ggml_fp16_t * p) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+    }
+    __attribute__((target("avx2,fma,f16c"))) static inline V load(const float * p) { return _mm256_loadu_ps(p); }
+    __attribute__((target("avx2,fma,f16c"))) static inline V zero() { return _mm256_setzero_ps(); }
+    __attribute__((target("avx2,fma,f16c"))) static inline float sum(V v) {
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+    }
+};
+
+constexpr int64_t cross_head_dim = 64;  // every Whisper size (n_state / n_head); checked when the op is made
+constexpr int64_t cross_block_rows = 8;  // query rows per task: their weights, 8 x n_cross floats, stay in L2
+
+struct cross_shapes {
+    int64_t n_state, n_q, n_cross;
+    size_t k_pos, k_head;  // bytes between K rows of successive positions, heads
+    size_t v_dim, v_head;  // bytes between V^T rows of successive dimensions, heads
+};
+
+// w[r][j] = q_r . k_j / sqrt(head_dim) for the block's rows: each K row is converted once for all of them.
+template <class O>
+inline void cross_scores(const cross_shapes & s, int64_t rows, const float * q, const char * k, float * w,
+                         int64_t ld) {
+    constexpr int W = O::W, n_vec = cross_head_dim / W;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(cross_head_dim));
+    for (int64_t j = 0; j < s.n_cross; ++j) {
+        const auto * kj = reinterpret_cast<const ggml_fp16_t *>(k + j * s.k_pos);
+        typename O::V kv[n_vec];
+        for (int i = 0; i < n_vec; ++i) kv[i] = O::half(kj + i * W);
+        for (int64_t r = 0; r < rows; ++r) {
+            typename O::V acc = O::zero();
+            for (int i = 0; i < n_vec; ++i) acc += O::load(q + r * s.n_state + i * W) * kv[i];
+            w[r * ld + j] = O::sum(acc) * scale;
+        }
+    }
+}
+
+// out_r[d] = sum_j w[r][j] v_j[d] / sums[r] over the head's 64 dimensions, each a long dot along V^T's row d.
+// Rows of w are ld >= n_cross floats, zero past n_cross, so the last partial chunk of V^T can be read from a
+// zero-padded copy.
+template <class O>
+inline void cross_values(const cross_shapes & s, int64_t rows, const float * w, int64_t ld, const float * sums,
+                         const char * vt, float * out) {
+    constexpr int W = O::W;
+    const int64_t full = s.n_cross / W * W;
+    for (int64_t d = 0; d < cross_head_dim; ++d) {
+        const auto * vd = reinterpret_cast<const ggml_fp16_t *>(vt + d * s.v_dim);
+        typename O::V acc[cross_block_rows];
+        for (int64_t r = 0; r < rows; ++r) acc[r] = O::zero();
+        for (int64_t j = 0; j < full; j += W) {
+            const typename O::V v = O::half(vd + j);
+            for (int64_t r = 0; r < rows; ++r) acc[r] += O::load(w + r * ld + j) * v;
+        }
+        if (full < s.n_cross) {
+            ggml_fp16_t tail[W] = {};
+            std::memcpy(tail, vd + full, sizeof(ggml_fp16_t) * (s.n_cross - full));
+            const typename O::V v = O::half(tail);
+            for (int64_t r = 0; r < rows; ++r) acc[r] += O::load(w + r * ld + full) * v;
+        }
+        for (int64_t r = 0; r < rows; ++r) out[r * s.n_state + d] = O::sum(acc[r]) / sums[r];
+    }
+}
+
+// Thread ith of nth: tasks are (head, block of query rows), dealt round-robin.
+template <class O>
+inline void cross_attend(ggml_tensor * dst, const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * vt,
+                         int n_head, int ith, int nth) {
+    const cross_shapes s = {q->ne[0], q->ne[1], k->ne[1], k->nb[1], k->nb[2], vt->nb[1], vt->nb[2]};
+    const int64_t n_blocks = (s.n_q + cross_block_rows - 1) / cross_block_rows;
+    const int64_t ld = (s.n_cross + O::W - 1) / O::W * O::W;
+    thread_local std::vector<float> buf;  // ggml's worker threads persist: allocated once per thread
+    buf.resize(static_cast<size_t>(cross_block_rows * ld));
+    float sums[cross_block_rows];
+    const auto * qd = static_cast<const float *>(q->data);
+    auto * od = static_cast<float *>(dst->data);
+    for (int64_t task = ith; task < n_head * n_blocks; task += nth) {
+        const int64_t h = task / n_blocks, i0 = task % n_blocks * cross_block_rows;
+        const int64_t rows = std::min(cross_block_rows, s.n_q - i0);
+        const int64_t col = h * cross_head_dim;
+        cross_scores<O>(s, rows, qd + i0 * s.n_state + col, static_cast<const char *>(k->data) + h * s.k_head,
+                        buf.data(), ld);
+        for (int64_t r = 0; r < rows; ++r) {
+            float * p = buf.data() + r * ld;
+            const float mx = row_max<O::W>(p, s.n_cross);
+            for (int64_t j = 0; j < s.n_cross; ++j) p[j] = exp_neg(mx - p[j]);
+            sums[r] = row_sum<O::W>(p, s.n_cross);
+            std::fill(p + s.n_cross, p + ld, 0.0f);  // cross_values reads whole chunks
+        }
+        cross_values<O>(s, rows, buf.data(), ld, sums, static_cast<const char *>(vt->data) + h * s.v_head,
+                        od + i0 * s.n_state + col);
+    }
+}
+
+__attribute__((target("avx512f"), flatten)) void cross_attend_avx512(ggml_tensor * dst, const ggml_tensor * q,
+                                                                      const ggml_tensor * k, const ggml_tensor * vt,
+                                                                      int n_head, int ith, int nth) {
+    cross_attend<f16_avx512>(dst, q, k, vt, n_head, ith, nth);
+}
+
+__attribute__((target("avx2,fma,f16c"), flatten)) void cross_attend_avx2(ggml_tensor * dst, const ggml_tensor * q,
+                                                                          const ggml_tensor * k,
+                                                                          const ggml_tensor * vt, int n_head,
+                                                                          int ith, int nth) {
+    cross_attend<f16_avx2>(dst, q, k, vt, n_head, ith, nth);
+}
+
+void cross_attention_op(ggml_tensor * dst, const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * vt,
+                        int ith, int nth, void * userdata) {
+    const int n_head = static_cast<int>(reinterpret_cast<intptr_t>(userdata));
+    if (kernel_isa() >= isa::avx512) {
+        cross_attend_avx512(dst, q, k, vt, n_head, ith, nth);
+    } else {
+        cross_attend_avx2(dst, q, k, vt, n_head, ith, nth);
+    }
+}
+
 }  // namespace
 
 bool encoder_attention_available() { return kernel_isa() >= isa::avx2; }
@@ -239,12 +381,35 @@ ggml_tensor * encoder_self_attention(ggml_context * ctx, ggml_tensor * q, ggml_t
                             reinterpret_cast<void *>(static_cast<intptr_t>(n_head)));
 }
 
+bool cross_attention_available() { return kernel_isa() >= isa::avx2 && __builtin_cpu_supports("f16c"); }
+
+ggml_tensor * decoder_cross_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * vt,
+                                      int n_head) {
+    const int64_t n_state = q->ne[0];
+    const bool typed = q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F16 && vt->type == GGML_TYPE_F16;
+    const bool shaped = n_state == n_head * cross_head_dim && k->ne[0] == cross_head_dim && k->ne[2] == n_head &&
+                        vt->ne[0] == k->ne[1] && vt->ne[1] == cross_head_dim && vt->ne[2] == n_head &&
+                        k->nb[0] == sizeof(ggml_fp16_t) && vt->nb[0] == sizeof(ggml_fp16_t);
+    if (!cross_attention_available() || !typed || !shaped) {
+        throw std::invalid_argument("decoder_cross_attention: needs AVX2 (F16C) or AVX-512, f32 q [n_state, n_q] "
+                                    "and f16 k [64, n_cross, n_head], vt [n_cross, 64, n_head]");
+    }
+    return ggml_map_custom3(ctx, ggml_is_contiguous(q) ? q : ggml_cont(ctx, q), k, vt, cross_attention_op, GGML_N_TASKS_MAX,
+                            reinterpret_cast<void *>(static_cast<intptr_t>(n_head)));
+}
+
 #else  // not x86-64 with GCC or Clang: the graph keeps ggml_flash_attn_ext
 
 bool encoder_attention_available() { return false; }
 
 ggml_tensor * encoder_self_attention(ggml_context *, ggml_tensor *, ggml_tensor *, ggml_tensor *, int) {
     throw std::invalid_argument("encoder_self_attention: not built for this CPU");
+}
+
+bool cross_attention_available() { return false; }
+
+ggml_tensor * decoder_cross_attention(ggml_context *, ggml_tensor *, ggml_tensor *, ggml_tensor *, int) {
+    throw std::invalid_argument("decoder_cross_attention: not built for this CPU");
 }
 
 #endif

@@ -1,5 +1,5 @@
-// The encoder's self-attention on the CPU, as Aural's own op: softmax(q k^T / sqrt(head_dim)) v per head,
-// with no mask (every audio position sees every other).
+// The encoder's self-attention and the decoder's cross-attention on the CPU, as Aural's own ops. The encoder's:
+// softmax(q k^T / sqrt(head_dim)) v per head, with no mask (every audio position sees every other).
 //
 //   out = encoder_self_attention(ctx, q, kt, v, n_head);  // q, v: [n_state, n]; kt: [n, n_state]; out like q
 //
@@ -25,5 +25,20 @@ bool encoder_attention_available();
 // heads concatenated per position as in Whisper's MultiHeadAttention before its output projection.
 ggml_tensor * encoder_self_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * kt, ggml_tensor * v,
                                      int n_head);
+
+// The decoder's cross-attention on the CPU, softmax(q k^T / sqrt(64)) v per head, over the window's cross K/V
+// as the KV arena holds them (f16 views: kv_cache::get_cross_k, get_cross_v):
+//
+//   out = decoder_cross_attention(ctx, q, k, vt, n_head);  // q [n_state, n_q] f32 -> out like q
+//   // k [64, n_cross, n_head] f16, vt [n_cross, 64, n_head] f16 (V transposed), head_dim 64
+//
+// Why: ggml's mul_mat, soft_max, mul_mat take half of a beam-5 step over 1500 positions (tiny.en, Zen 4),
+// most of it in one 64-long f16 dot call per position, query row and head; this op converts each K row once
+// per step for every query row and keeps the softmaxed weights in f32. It returns no weights, so graphs that
+// read the alignment heads keep ggml's ops in those layers. CPU only; cross_attention_available() says
+// whether this CPU runs it (AVX-512F, or AVX2 with FMA and F16C).
+bool cross_attention_available();
+ggml_tensor * decoder_cross_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * vt,
+                                      int n_head);
 
 }  // namespace aural

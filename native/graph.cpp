@@ -345,16 +345,20 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
 
         cur = layer_norm(ctx, x, l.cross_ln);
         q = linear(ctx, m, cur, l.cross.q_w, l.cross.q_b);
-        ggml_tensor * kq = nullptr;
-        cur = cross_attention(ctx, q, kv.get_cross_k(ctx, il, p.n_cross), kv.get_cross_v(ctx, il, p.n_cross), n_head,
-                              &kq);
         std::vector<int> layer_heads;
         for (const align_head & h : heads) {
             if (h.layer == static_cast<int>(il)) layer_heads.push_back(h.head);
         }
-        if (!layer_heads.empty()) {
-            ggml_tensor * w = select_heads(ctx, kq, layer_heads);
-            res->cross_qk = res->cross_qk ? ggml_concat(ctx, res->cross_qk, w, 2) : w;
+        ggml_tensor * ck = kv.get_cross_k(ctx, il, p.n_cross), * cv = kv.get_cross_v(ctx, il, p.n_cross);
+        if (m.simd_cross && layer_heads.empty() && ck->type == GGML_TYPE_F16) {
+            cur = decoder_cross_attention(ctx, q, ck, cv, n_head);
+        } else {
+            ggml_tensor * kq = nullptr;
+            cur = cross_attention(ctx, q, ck, cv, n_head, &kq);
+            if (!layer_heads.empty()) {
+                ggml_tensor * w = select_heads(ctx, kq, layer_heads);
+                res->cross_qk = res->cross_qk ? ggml_concat(ctx, res->cross_qk, w, 2) : w;
+            }
         }
         x = ggml_add(ctx, x, linear(ctx, m, cur, l.cross.o_w, l.cross.o_b));
 

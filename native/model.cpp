@@ -120,6 +120,8 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->simd_gelu = m->on_cpu() && !env_flag("AURAL_NO_SIMD_GELU");
     // env: AURAL_NO_SIMD_ATTENTION=1 keeps ggml_flash_attn_ext in the encoder on the CPU too (debugging, A/B).
     m->simd_attention = m->on_cpu() && encoder_attention_available() && !env_flag("AURAL_NO_SIMD_ATTENTION");
+    // env: AURAL_NO_SIMD_CROSS=1 keeps ggml's ops for the decoder's cross-attention (debugging, A/B).
+    m->simd_cross = m->on_cpu() && cross_attention_available() && !env_flag("AURAL_NO_SIMD_CROSS");
     m->make_cpu_copies();
     m->allocate_weights();
     m->read_weights(meta.get());

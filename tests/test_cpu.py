@@ -162,6 +162,34 @@ def test_encoder_attention_is_within_f32_rounding(level, n):
         assert np.all(err <= bound), float(np.max(err / bound))
 
 
+@pytest.mark.parametrize("n_q, n_cross, n_head", [(1, 1500, 6), (5, 1500, 6), (9, 37, 8), (224, 1500, 20)])
+def test_decoder_cross_attention_is_within_f32_rounding(level, n_q, n_cross, n_head):
+    """The decoder's cross-attention over f16 K/V (as the KV arena holds them) in f32: each score is one
+    64-long f32 dot of exact f16 keys, so the bound of the encoder's attention holds with K and V rounded to
+    f16 first. 9 query rows end in a 1-row block, 37 positions in a partial chunk of V^T; 224 rows and 20
+    heads are a prompt of large-v3's shape."""
+    if level.kernel_isa == "baseline":
+        pytest.skip("Aural's cross-attention needs AVX2 or AVX-512")
+    rng = np.random.default_rng(n_q + n_cross)
+    d = 64
+    n_state = n_head * d
+    q = rng.normal(0, 1, (n_q, n_state)).astype(np.float32)
+    k, v = (rng.normal(0, 2, (n_cross, n_state)).astype(np.float32) for _ in range(2))
+    got = _native.kernel_cross_attention(q, k, v, n_head).astype(np.float64)
+    q64 = q.astype(np.float64)
+    kt64, v64 = k.astype(np.float16).astype(np.float64).T, v.astype(np.float16).astype(np.float64)
+    exact = attention64(q64, kt64, v64, n_head)
+    for h in range(n_head):
+        cols = slice(h * d, (h + 1) * d)
+        s = q64[:, cols] @ kt64[cols, :] / math.sqrt(d)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        score_err = gamma_f32(d) * (np.abs(q64[:, cols]) @ np.abs(kt64[cols, :])).max(axis=1) / math.sqrt(d)
+        bound = (2 * score_err[:, None] + gamma_f32(n_cross) + 1e-6) * (p @ np.abs(v64[:, cols]))
+        err = np.abs(got[:, cols] - exact[:, cols])
+        assert np.all(err <= bound), float(np.max(err / bound))
+
+
 @pytest.mark.parametrize("rows, cols, m", [(64, 384, 1), (1536, 384, 5), (384, 1536, 33)])
 def test_int8_products_are_within_their_quantisation_steps(level, rows, cols, m):
     """Weights round to int8 with one step sw = amax/127 per row, activations with one step sx per column;

@@ -81,6 +81,34 @@ farray attention(const farray & q, const farray & kt, const farray & v, int n_he
     }, {static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(n_state)});
 }
 
+// q: (n_q, n_state); k, v: (n_cross, n_state), rounded to f16 as the KV arena holds them (K per position,
+// V transposed). softmax(q_h k_h^T / sqrt(64)) v_h per head h: (n_q, n_state).
+farray cross_attention(const farray & q, const farray & k, const farray & v, int n_head) {
+    if (q.ndim() != 2 || k.ndim() != 2 || v.ndim() != 2 || k.shape(1) != q.shape(1) || v.shape(0) != k.shape(0) ||
+        v.shape(1) != q.shape(1) || n_head <= 0 || q.shape(1) % n_head != 0) {
+        throw std::invalid_argument("cross_attention takes q (n_q, n_state), k and v (n_cross, n_state)");
+    }
+    const int64_t n_q = q.shape(0), n_state = q.shape(1), n_cross = k.shape(0), hd = n_state / n_head;
+    std::vector<ggml_fp16_t> k16(n_cross * n_state), vt16(n_cross * n_state);
+    ggml_fp32_to_fp16_row(k.data(), k16.data(), n_cross * n_state);
+    for (int64_t j = 0; j < n_cross; ++j) {
+        for (int64_t c = 0; c < n_state; ++c) {
+            vt16[c * n_cross + j] = ggml_fp32_to_fp16(v.data()[j * n_state + c]);
+        }
+    }
+    return run_on_cpu([&](ggml_context * ctx) {
+        ggml_tensor * tq = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_state, n_q);
+        ggml_tensor * tk = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_state, n_cross);
+        ggml_tensor * tv = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_cross, n_state);
+        // The arena's views (kv-cache.cpp): K [hd, n_cross, n_head], V^T [n_cross, hd, n_head].
+        ggml_tensor * kh = ggml_permute(ctx, ggml_view_3d(ctx, tk, hd, n_head, n_cross, hd * tk->nb[0], tk->nb[1], 0),
+                                        0, 2, 1, 3);
+        ggml_tensor * vh = ggml_view_3d(ctx, tv, n_cross, hd, n_head, tv->nb[1], hd * tv->nb[1], 0);
+        return graph_run{{{tq, q.data()}, {tk, k16.data()}, {tv, vt16.data()}},
+                         decoder_cross_attention(ctx, tq, kh, vh, n_head)};
+    }, {static_cast<py::ssize_t>(n_q), static_cast<py::ssize_t>(n_state)});
+}
+
 // w: (rows, cols) packed as int8 (one scale per row); x: (m, cols). x w^T: (m, rows).
 farray int8_product(const farray & w, const farray & x) {
     if (w.ndim() != 2 || x.ndim() != 2 || w.shape(1) != x.shape(1)) {
@@ -103,6 +131,9 @@ void register_kernels(py::module_ & m) {
     m.def("kernel_gelu", &gelu, py::arg("x"), "Aural's GELU (erf form) on a float32 array.");
     m.def("kernel_attention", &attention, py::arg("q"), py::arg("kt"), py::arg("v"), py::arg("n_head"),
           "Aural's encoder self-attention: q, v (n, n_state), kt (n_state, n) -> (n, n_state).");
+    m.def("kernel_cross_attention", &cross_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_head"),
+          "Aural's decoder cross-attention: q (n_q, n_state), k and v (n_cross, n_state) held as f16 -> "
+          "(n_q, n_state).");
     m.def("kernel_int8_matmul", &int8_product, py::arg("w"), py::arg("x"),
           "Aural's int8 product: w (rows, cols) quantised per row, x (m, cols) per column -> x w^T (m, rows).");
 }
