@@ -22,6 +22,7 @@ from aural.engine.live.capture import InputDevice, ReplaySource
 
 from .devices import DeviceWatcher
 from .instance import NotAnswering, SingleInstance
+from .library import ModelLibrary
 from .services import Catalog, FileQueue, LiveSession, ModelService, open_microphone
 from .settings import Key, Settings
 from .theme import apply_theme
@@ -41,12 +42,14 @@ def build_window(settings: Settings, *, open_source: Callable[[str], object] = o
     files = FileQueue(models)
     live = LiveSession(models, open_source)
     devices = DeviceWatcher(catalog.input_devices, catalog.pactl)
-    window = MainWindow(settings, models, files, live, catalog, devices)
+    library = ModelLibrary(models)
+    window = MainWindow(settings, models, files, live, catalog, devices, library)
 
     def shutdown() -> None:
         # Live first: it commits its tail while the file worker finishes its window.
         live.shutdown()
         files.shutdown()
+        library.shutdown()  # a download stops after its current read, its partial kept for resuming
         models.shutdown()
         devices.stop()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -17,11 +18,12 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from aural.engine.cancel import StopEvent
+from aural.engine.errors import ModelError
 from aural.engine.live.capture import InputDevice, MicrophoneSource, list_input_devices, portaudio_input_devices
 from aural.engine.live.journal import Session, SessionJournal, mark_session, prune_sessions, unclosed_sessions
 from aural.engine.live.streaming import Commit, Metrics, StreamOptions
 from aural.engine.metrics import Timings
-from aural.engine.models.store import ModelEntry, list_models
+from aural.engine.models.store import DEFAULT_MODEL, ModelEntry, catalog_models, list_models
 from aural.engine.runtime import WhisperModel
 from aural.engine.transcribe import Segment, TranscribeOptions, TranscriptionInfo
 
@@ -29,7 +31,25 @@ from .export import CaptionSegment
 from .jobs import FileJob, JobStatus
 from .workers import FileRequest, FileWorker, LiveWorker, ModelLoader, start_thread, start_worker, worker_threads
 
-__all__ = ["Catalog", "FileQueue", "LiveSession", "ModelService", "open_microphone", "stop_threads"]
+__all__ = ["Catalog", "FileQueue", "LiveSession", "ModelService", "open_microphone", "picker_models", "stop_threads"]
+
+logger = logging.getLogger(__name__)
+
+
+def picker_models() -> list[ModelEntry]:
+    """The packaged models, then the catalog models pulled into the cache (the Models dialog). A pulled name
+    takes the place of the packaged one it shares (tiny.en): `resolve_model` loads the pulled one. Reads the
+    cache only."""
+    entries = {e.name: e for e in list_models()}
+    try:
+        pulled = [r for r in catalog_models() if r.downloaded or r.cached]
+    except ModelError as exc:  # a malformed AURAL_MODEL_MIRROR: the packaged models still work
+        logger.warning("%s", exc)
+        pulled = []
+    for row in pulled:
+        entries[row.name] = ModelEntry(row.name, "downloaded from the model catalog", (), True, row.cached,
+                                       row.name == DEFAULT_MODEL)
+    return list(entries.values())
 
 
 @dataclass(frozen=True)
@@ -43,7 +63,7 @@ class Catalog:
             "" to offer `input_devices` only.
     """
 
-    models: Callable[[], list[ModelEntry]] = list_models
+    models: Callable[[], list[ModelEntry]] = picker_models
     input_devices: Callable[[], list[InputDevice]] = portaudio_input_devices
     pactl: str = "pactl"
 
@@ -91,22 +111,28 @@ class ModelService(QObject):
         self._loaded: tuple[str, str] | None = None  # the (spec, device) `_model` was loaded from
         self._loading: tuple[str, str] | None = None
         self._loader: ModelLoader | None = None
-        self._pending: tuple[str, str] | None = None
+        self._pending: tuple[str, str, bool] | None = None  # (spec, device, reload) asked for during a load
 
     @property
     def model(self) -> WhisperModel | None:
         return self._model
 
-    def load(self, spec: str, device: str = "auto") -> None:
-        """Load `spec` on the compute `device` unless it is loaded so already; a request during a load
+    @property
+    def loaded(self) -> tuple[str, str] | None:
+        """The (spec, compute device asked for) of `model`."""
+        return self._loaded
+
+    def load(self, spec: str, device: str = "auto", *, reload: bool = False) -> None:
+        """Load `spec` on the compute `device` unless it is loaded so already (or `reload`: its files
+        changed, as when a pulled model that shadowed a packaged one is deleted); a request during a load
         waits for that load.
 
         The loaded model stays in use until the new one is ready, and if the new one fails to load.
         """
         if self._loader is not None:
-            self._pending = (spec, device)
+            self._pending = (spec, device, reload)
             return
-        if (spec, device) == self._loaded:
+        if (spec, device) == self._loaded and not reload:
             return
         self._loading = (spec, device)
         self._loader = ModelLoader(spec, device)
@@ -126,7 +152,8 @@ class ModelService(QObject):
         self._loader = None
         pending, self._pending = self._pending, None
         if pending is not None:
-            self.load(*pending)
+            spec, device, reload = pending
+            self.load(spec, device, reload=reload)
 
     def shutdown(self) -> None:
         """A load cannot be interrupted: wait for it."""

@@ -15,12 +15,14 @@ from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKe
 from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QSplitter,
                                QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
+from aural.engine.models.store import DEFAULT_MODEL
 from aural.engine.text.tokenizer import LANGUAGES
 from aural.engine.text.writers import merge_fragments
 
 from .devices import DeviceWatcher
 from .export import save_transcript
-from .jobs import FileJob
+from .jobs import FileJob, JobStatus
+from .library import ModelLibrary
 from .services import Catalog, FileQueue, LiveSession, ModelService, stop_threads
 from .settings import Key, Settings
 from .widgets.about import AboutDialog
@@ -29,6 +31,7 @@ from .widgets.controls import ControlBar
 from .widgets.file_queue import FileQueueView
 from .widgets.file_result import EXPORT_FORMATS, FileResultView
 from .widgets.metrics import MetricsPanel
+from .widgets.models_dialog import ModelsDialog, progress_text, size_text
 from .widgets.preferences import PreferencesDialog, transcribe_options
 from .widgets.presentation import CaptionLook, CaptionWindow
 from .widgets.restore_bar import RestoreBar
@@ -57,7 +60,7 @@ class MainWindow(QMainWindow):
     closing = Signal()  # the composition root stops the services on it
 
     def __init__(self, settings: Settings, models: ModelService, files: FileQueue, live: LiveSession,
-                 catalog: Catalog, devices: DeviceWatcher):
+                 catalog: Catalog, devices: DeviceWatcher, library: ModelLibrary):
         super().__init__()
         self.setWindowTitle("Aural")
         self.setAcceptDrops(True)
@@ -67,6 +70,8 @@ class MainWindow(QMainWindow):
         self.live = live
         self._catalog = catalog
         self.devices = devices
+        self.library = library
+        self._models_dialog: ModelsDialog | None = None
         self._shown_job: FileJob | None = None
         self._offers: list = []  # journal.Session: unclosed sessions still to offer, oldest first
         self._started_at: float | None = None  # Start (or model ready, if Start waited), until the first partial
@@ -160,6 +165,7 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         self._action(file_menu, "Open &model file…", self.open_model_file, "Ctrl+Shift+O")
         self._action(file_menu, "Open model &folder…", self.open_model_folder)
+        self._action(file_menu, "Manage &models…", self.show_models)
         file_menu.addSeparator()
         self._export_menu = file_menu.addMenu("&Export captions as")
         for fmt in EXPORT_FORMATS:
@@ -199,6 +205,7 @@ class MainWindow(QMainWindow):
         self.devices.changed.connect(self._show_devices)
         self.devices.failed.connect(self.show_error)
         c.model_changed.connect(self._pick_model)
+        c.manage_models_requested.connect(self.show_models)
         c.language_changed.connect(lambda code: self._settings.set(Key.LANGUAGE, code))
         self.metrics.kv_mode_changed.connect(lambda mode: self._settings.set(Key.KV_MODE, mode))
         self.models.loading.connect(lambda spec: self.model_status.setText(f"Loading {spec}…"))
@@ -220,6 +227,13 @@ class MainWindow(QMainWindow):
         self.result.export_requested.connect(self._ask_export_job)
         self.restore_bar.restore_requested.connect(self.restore_session)
         self.restore_bar.discard_requested.connect(self.discard_session)
+        lib = self.library
+        lib.listed.connect(self._show_library)
+        lib.pulling_changed.connect(self._on_pulling_changed)
+        lib.progress.connect(self._on_pull_progress)
+        lib.pulled.connect(self._on_pulled)
+        lib.cancelled.connect(self._on_pull_cancelled)
+        lib.failed.connect(self._on_library_failed)
 
     def _restore(self, catalog: Catalog) -> None:
         s = self._settings
@@ -462,6 +476,8 @@ class MainWindow(QMainWindow):
         self.controls.set_multilingual(model.multilingual)
         # The first load converts the model: the picker says so until it is listed again.
         self.controls.set_models(self._catalog.models(), self._settings.get(Key.MODEL))
+        if self._models_dialog is not None and self._models_dialog.isVisible():
+            self.library.measure_speed()
 
     def _show_model_status(self, model) -> None:
         """Where the model really runs: the CPU, naming the device it replaces, after a fallback."""
@@ -478,6 +494,76 @@ class MainWindow(QMainWindow):
         model = self.models.model
         self.model_status.setText("No model loaded" if model is None else f"{model.name} (still in use)")
         self.show_error(message)
+
+    # -- the Models dialog --
+
+    @Slot()
+    def show_models(self) -> ModelsDialog:
+        """Opens the Models dialog (modeless; one for the window's life, so a download's row stays in view),
+        lists the models again and times the loaded model's encoder for the speed column."""
+        if self._models_dialog is None:
+            dialog = ModelsDialog(self)
+            dialog.download_requested.connect(self.library.pull)
+            dialog.cancel_requested.connect(self.library.cancel)
+            dialog.delete_requested.connect(self.delete_model)
+            self._models_dialog = dialog
+            self._show_library()
+            dialog.set_pulling(self.library.pulling)
+        self.library.refresh()
+        self.library.measure_speed()
+        self._models_dialog.show()
+        self._models_dialog.raise_()
+        return self._models_dialog
+
+    @Slot(str)
+    def delete_model(self, name: str) -> None:
+        """Deletes a pulled model. The one picked is replaced by the default model, unless live captions
+        or a file are using it."""
+        in_use = self._settings.get(Key.MODEL) == name
+        if in_use and (self.live.running or self.files.busy):
+            self._on_library_failed(f"{name} is in use: stop live captioning and the files, then delete it.")
+            return
+        freed = self.library.remove(name)
+        if freed is None:
+            return
+        message = f"Deleted {name}: {size_text(freed)} freed."
+        if in_use:  # a pulled tiny.en shadowed the packaged one: the same spec now loads other files
+            self._settings.set(Key.MODEL, DEFAULT_MODEL)
+            self.models.load(DEFAULT_MODEL, self._settings.get(Key.COMPUTE_DEVICE), reload=True)
+            message += f" It was in use, so {DEFAULT_MODEL} is loaded in its place."
+        self.controls.set_models(self._catalog.models(), self._settings.get(Key.MODEL))
+        self._library_message(message)
+
+    def _show_library(self) -> None:
+        if self._models_dialog is not None:
+            self._models_dialog.set_rows(self.library.rows, self.library.speed_texts(), self.library.packaged())
+
+    def _on_pulling_changed(self, name: str) -> None:
+        if self._models_dialog is not None:
+            self._models_dialog.set_pulling(name)
+
+    def _on_pull_progress(self, step, mib_per_s: float) -> None:
+        """In the dialog's row, and in the status bar for when the dialog is closed."""
+        if self._models_dialog is not None:
+            self._models_dialog.set_progress(step, mib_per_s)
+        self.statusBar().showMessage(progress_text(step, mib_per_s))
+
+    def _on_pulled(self, name: str) -> None:
+        self.controls.set_models(self._catalog.models(), self._settings.get(Key.MODEL))
+        self._library_message(f"{name} is installed: pick it in the Model picker.")
+
+    def _on_pull_cancelled(self, name: str, kept: int) -> None:
+        self._library_message(f"The download of {name} was cancelled; {size_text(kept)} kept, Download resumes it.")
+
+    def _on_library_failed(self, message: str) -> None:
+        if self._models_dialog is not None:
+            self._models_dialog.show_message(message, error=True)
+        self.show_error(message)
+
+    def _library_message(self, message: str) -> None:
+        if self._models_dialog is not None:
+            self._models_dialog.show_message(message)
+        self.statusBar().showMessage(message, 8000)
 
     # -- files --
 
@@ -534,6 +620,8 @@ class MainWindow(QMainWindow):
 
     def _on_job_changed(self, job: FileJob) -> None:
         self.queue.update_job(job)
+        if job.status is JobStatus.DONE and job.timings is not None and self.models.loaded is not None:
+            self.library.record_run(self.models.loaded[0], job.timings.rtf)  # the Models dialog's measured speed
         if job is self._shown_job:
             self.result.set_summary(job)
         if job.error:

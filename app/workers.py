@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +20,15 @@ import numpy as np
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from aural.engine.errors import AuralError
+from aural.engine.features import N_FRAMES, N_SAMPLES, window_mel
 from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
-from aural.engine.models.store import resolve_model
+from aural.engine.models.store import PullProgress, catalog_models, pull, resolve_model
 from aural.engine.runtime import DeviceFallback, WhisperModel, compute_devices, load_model
 from aural.engine.text.chinese import default_script, localize_segments
 from aural.engine.transcribe import TranscribeOptions, transcribe
 
-__all__ = ["ComputeDevicesWorker", "DoctorWorker", "FileRequest", "FileWorker", "LiveWorker", "MeteredSource",
-           "ModelLoader", "start_thread", "start_worker", "worker_threads"]
+__all__ = ["CatalogLister", "ComputeDevicesWorker", "DoctorWorker", "EncoderProbe", "FileRequest", "FileWorker",
+           "LiveWorker", "MeteredSource", "ModelLoader", "PullWorker", "start_thread", "start_worker", "worker_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +170,94 @@ class DoctorWorker(_Worker):
         from aural.engine import doctor
 
         self.reported.emit(doctor.format_report(doctor.report()))
+
+
+class CatalogLister(_Worker):
+    """The catalog's models with what the cache holds. With AURAL_MODEL_MIRROR set the mirror's catalog.json is
+    read too (the network: hence a thread); when it cannot be, the built-in entries come with the error."""
+
+    listed = Signal(list)  # store.CatalogModel
+
+    def _work(self) -> None:
+        try:
+            rows = catalog_models(remote=True)
+        except AuralError:
+            self.listed.emit(catalog_models())
+            raise
+        self.listed.emit(rows)
+
+
+class _Throttle:
+    """Which pull steps to report: a new stage, the last byte, or 0.1 s since the last one reported (a
+    download over loopback makes hundreds of 256 KiB steps a second); and the download's speed so far."""
+
+    _EVERY_S = 0.1
+
+    def __init__(self):
+        self._stage = ""
+        self._shown_at = 0.0
+        self._first: tuple[float, int] | None = None  # (time, bytes) of this run's first download step
+
+    def mib_per_s(self, step: PullProgress, now: float) -> float:
+        if step.stage != "download":
+            return 0.0
+        if self._first is None:
+            self._first = (now, step.done_bytes)  # a resumed download counts from where it resumed
+        elapsed = now - self._first[0]
+        return (step.done_bytes - self._first[1]) / 2**20 / elapsed if elapsed > 0 else 0.0
+
+    def due(self, step: PullProgress, now: float) -> bool:
+        due = (step.stage != self._stage or step.done_bytes == step.total_bytes
+               or now - self._shown_at >= self._EVERY_S)
+        if due:
+            self._stage, self._shown_at = step.stage, now
+        return due
+
+
+class PullWorker(_Worker):
+    """Downloads a catalog model and converts it (`store.pull`); `stop` cancels after the current read and
+    keeps the resumable partial. The conversion that follows a download cannot be interrupted."""
+
+    progress = Signal(object, float)  # store.PullProgress, MiB/s of this run's download so far
+    pulled = Signal(str)  # name
+    cancelled = Signal(str, int)  # name, bytes kept in the partial
+
+    def __init__(self, name: str, wtype: str):
+        super().__init__()
+        self.name = name
+        self._wtype = wtype
+
+    def _work(self) -> None:
+        throttle = _Throttle()
+        for step in pull(self.name, wtype=self._wtype, stop=self._stop):
+            if step.stage == "done":
+                self.pulled.emit(step.name)
+            elif step.stage == "cancelled":
+                self.cancelled.emit(step.name, step.done_bytes)
+            else:
+                now = time.monotonic()
+                rate = throttle.mib_per_s(step, now)
+                if throttle.due(step, now):
+                    self.progress.emit(step, rate)
+
+
+class EncoderProbe(_Worker):
+    """Times one encoder pass over a full 30 s window on a session of its own on `model`, for the Models
+    dialog's speed estimates. The window is silence: the encoder's work does not depend on what it hears."""
+
+    measured = Signal(float)  # seconds for one 30 s window
+
+    def __init__(self, model: WhisperModel):
+        super().__init__()
+        self._model = model
+
+    def _work(self) -> None:
+        ctx = self._model.new_session()
+        mel = window_mel(np.zeros(N_SAMPLES, dtype=np.float32), self._model.mel_filters, N_FRAMES)
+        ctx.encode(mel)  # the first pass also builds and allocates the graph: not what a window costs
+        start = time.perf_counter()
+        ctx.encode(mel)
+        self.measured.emit(time.perf_counter() - start)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,29 @@ def tiny_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_ggml(tiny_gguf, tmp_path_factory) -> Path:
+    """tiny.en exported to a whisper.cpp ggml file, what a model mirror serves (tests/model_mirror.py); once per run."""
+    from aural.engine.models.export_ggml import export_ggml
+
+    return export_ggml(tiny_gguf, tmp_path_factory.mktemp("ggml") / "ggml-tiny.en.bin")
+
+
+@pytest.fixture
+def settings():
+    """The app's settings in an isolated QSettings store, cleared afterwards."""
+    import uuid
+
+    from PySide6.QtCore import QSettings
+
+    from aural.app.settings import Settings
+
+    store = QSettings("AuralTests", f"test-{uuid.uuid4().hex}")
+    yield Settings(store)
+    store.clear()
+    store.sync()
+
+
+@pytest.fixture(scope="session")
 def whisper_model(tiny_gguf):
     from aural.engine.runtime import WhisperModel
 

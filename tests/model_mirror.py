@@ -16,8 +16,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aural.engine.models.catalog import MIRROR_ENV
+
+if TYPE_CHECKING:
+    import pytest
 
 _RANGE = re.compile(r"bytes=(\d+)-")
+PROXY_VARS = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 _SLOW_PIECE, _SLOW_PAUSE_S = 1 << 16, 0.01
 
 
@@ -127,6 +134,22 @@ def connect_recorder() -> Iterator[tuple[str, list[str]]]:
 
     with serve(Proxy) as url:
         yield url, targets
+
+
+def use_mirror(monkeypatch: pytest.MonkeyPatch, url: str, cache: Path) -> None:
+    """Models come from the mirror at url, with no proxy in between, into the cache folder `cache`."""
+    for var in PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv(MIRROR_ENV, url)
+    monkeypatch.setenv("AURAL_CACHE_DIR", str(cache))
+
+
+def reset(state: MirrorState) -> None:
+    """Serve normally again, with an empty request log (a module's mirror is shared by its tests)."""
+    state.cut_once.clear()
+    state.requests.clear()
+    state.ignore_range = state.slow = False
 
 
 def catalog_entry(name: str, path: Path, **overrides) -> dict:

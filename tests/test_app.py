@@ -16,14 +16,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import uuid
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import srt
-from PySide6.QtCore import QMimeData, QPoint, QPointF, QSettings, Qt, QThread, QUrl
+from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QThread, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent, QFont
 from PySide6.QtWidgets import QApplication, QFileDialog, QLabel, QToolButton, QWidget
 
@@ -32,7 +31,7 @@ from aural.app.instance import SingleInstance
 from aural.app.jobs import FileJob, JobStatus
 from aural.app.main import build_window
 from aural.app.services import Catalog, open_microphone
-from aural.app.settings import Key, Settings
+from aural.app.settings import Key
 from aural.app.widgets.captions import CaptionsView
 from aural.app.widgets.metrics import MetricsPanel
 from aural.app.widgets.presentation import CaptionWindow
@@ -66,14 +65,6 @@ def journal_dir(tmp_path, monkeypatch):
     """Each test's live session journals in a folder of its own: no offer from another test's crash."""
     monkeypatch.setenv("AURAL_USER_DATA_DIR", str(tmp_path / "user-data"))
     return sessions_dir()
-
-
-@pytest.fixture
-def settings():
-    store = QSettings("AuralTests", f"test-{uuid.uuid4().hex}")
-    yield Settings(store)
-    store.clear()
-    store.sync()
 
 
 def _no_inputs():

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_one_error_line, run_cli
-from model_mirror import catalog_entry, connect_recorder, mirror, write_catalog
+from model_mirror import catalog_entry, connect_recorder, mirror, reset, use_mirror, write_catalog
 
 from aural.engine import cli
 from aural.engine.errors import DownloadError, ModelError
 from aural.engine.models import download
 from aural.engine.models.catalog import MIRROR_ENV, find_entry, load_catalog, parse_catalog
-from aural.engine.models.export_ggml import export_ggml
 from aural.engine.models.store import catalog_models, format_catalog_table, pull, remove_pulled, resolve_model
 
 SIZES = ["tiny", "tiny.en", "base", "base.en", "small", "small.en", "medium", "medium.en", "large-v3",
@@ -34,7 +33,6 @@ SIZES = ["tiny", "tiny.en", "base", "base.en", "small", "small.en", "medium", "m
 HF = "https://huggingface.co/ggerganov/whisper.cpp/resolve/main"  # whisper.cpp models/download-ggml-model.sh
 JFK_WORDS = ("and so my fellow americans ask not what your country can do for you "
              "ask what you can do for your country").split()
-PROXY_VARS = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
 def words(text: str) -> list[str]:
@@ -44,10 +42,11 @@ def words(text: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_gguf, tmp_path_factory):
+def served(tiny_ggml, tmp_path_factory):
     """The mirror: ggml-tiny.en.bin (exported from tiny.en) and a catalog naming it three ways."""
     root = tmp_path_factory.mktemp("mirror")
-    ggml = export_ggml(tiny_gguf, root / "ggml-tiny.en.bin")
+    ggml = root / tiny_ggml.name
+    ggml.hardlink_to(tiny_ggml)
     write_catalog(root, [
         catalog_entry("tiny.en", ggml),
         catalog_entry("tiny.en-bad", ggml, sha256="0" * 64),  # served, but not what the catalog promises
@@ -61,14 +60,8 @@ def served(tiny_gguf, tmp_path_factory):
 def site(served, tmp_path, monkeypatch):
     """A clean cache and the mirror's URL in the environment, no proxy; returns (url, state, ggml, cache)."""
     url, state, ggml = served
-    state.cut_once.clear()
-    state.requests.clear()
-    state.ignore_range = False
-    for var in PROXY_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv(MIRROR_ENV, url)
-    monkeypatch.setenv("AURAL_CACHE_DIR", str(tmp_path / "cache"))
+    reset(state)
+    use_mirror(monkeypatch, url, tmp_path / "cache")
     return url, state, ggml, tmp_path / "cache" / "models"
 
 

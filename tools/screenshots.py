@@ -1,11 +1,13 @@
 """Screenshots of the real app on a virtual X server, and how long it takes to come up.
 
-    .venv/bin/python tools/screenshots.py [--out docs/screenshots] [--display :97]
+    .venv/bin/python tools/screenshots.py [--out docs/screenshots] [--display :97] [--scenes live,files,...]
 
 Runs `python -m aural.app` three times under Xvfb (QT_QPA_PLATFORM=xcb, a private settings folder):
 1. live captioning of a speech clip replayed at real-time pace (`--replay FILE --start`);
 2. two files queued from the command line, shot once the first is transcribed and the second is running;
 3. run 1 again with the caption window open (`--caption-window`), which is shot instead.
+Then 4. the Models dialog mid-download, in this process on Qt's offscreen platform (no Xvfb needed): tiny.en
+exported to a whisper.cpp file and served slowly by tests/model_mirror.py on loopback, into a scratch cache.
 Prints launch -> window shown (polled with xwininfo) and Start -> first partial (the app's own log line,
 timed from the moment captioning could begin, i.e. after the model loaded). Needs Xvfb, xwininfo and
 ImageMagick's `import` (tools/sysdeps.sh installs them).
@@ -34,6 +36,9 @@ WINDOW_TIMEOUT_S = 60.0
 LIVE_S = 40.0  # seconds of captions before a live shot
 FIRST_PARTIAL = re.compile(r"first partial ([\d.]+) s after Start")
 TRANSCRIBED = re.compile(r"transcribed [\d.]+ s in [\d.]+ s")
+MIRROR_MODEL = "mirror-tiny.en"  # the mirror's catalog names tiny.en's export so: it is not the built-in tiny.en
+MODELS_SHOT_AT = 0.4  # the fraction downloaded when the Models dialog is shot
+SCENES = ("live", "files", "captions", "models")
 
 
 class Display:
@@ -154,20 +159,99 @@ def shoot_files(display: Display, out: Path, config: Path) -> dict[str, float]:
     return {"launch -> window shown (files run), s": shown_s}
 
 
+def _wait(app, done, timeout_s: float, what: str) -> None:
+    """Runs the event loop until done() holds."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} after {timeout_s} s")
+        app.processEvents()
+        time.sleep(0.02)
+
+
+def _serve_tiny_export(root: Path, cache: Path):
+    """A slow loopback mirror of tiny.en's whisper.cpp export (tests/model_mirror.py), and a scratch cache
+    holding the converted packaged tiny.en, so the app loads its default model at once. Returns the mirror."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from model_mirror import catalog_entry, mirror, write_catalog
+
+    from aural.engine.models.export_ggml import export_ggml
+    from aural.engine.models.store import resolve_model
+
+    tiny = resolve_model(None)  # the user's cache (converted there on a first run)
+    cache.mkdir(parents=True)
+    for path in (tiny, tiny.with_name(tiny.name + ".sha256")):
+        shutil.copy(path, cache / path.name)
+    ggml = export_ggml(tiny, root / "ggml-tiny.en.bin")
+    write_catalog(root, [catalog_entry(MIRROR_MODEL, ggml, file=ggml.name)])
+    return mirror(root)
+
+
+def shoot_models(out: Path, config: Path) -> dict[str, float]:
+    """The Models dialog with MIRROR_MODEL MODELS_SHOT_AT downloaded, from a mirror sending ~6 MiB/s."""
+    os.environ["QT_QPA_PLATFORM"] = "offscreen"  # before the QApplication exists
+    root = config / "mirror"
+    root.mkdir()
+    with _serve_tiny_export(root, config / "cache" / "models") as (url, state):
+        os.environ.update(AURAL_MODEL_MIRROR=url, AURAL_CACHE_DIR=str(config / "cache"), NO_PROXY="127.0.0.1",
+                          AURAL_USER_DATA_DIR=str(config / "user-data"))
+        state.slow = True
+        from PySide6.QtCore import QSettings
+        from PySide6.QtWidgets import QApplication
+
+        from aural.app.main import build_window
+        from aural.app.services import Catalog
+        from aural.app.settings import Settings
+        from aural.app.theme import apply_theme
+
+        app = QApplication.instance() or QApplication(["aural"])
+        apply_theme(app)
+        settings = Settings(QSettings(str(config / "models-scene.ini"), QSettings.Format.IniFormat))
+        window = build_window(settings, catalog=Catalog(input_devices=lambda: [], pactl=""))
+        window.show()
+        _wait(app, lambda: window.models.model is not None, 120, "no model loaded")
+        dialog = window.show_models()
+        library = window.library
+        _wait(app, lambda: any(r.name == MIRROR_MODEL for r in library.rows) and library.speeds.reference,
+              120, "the dialog did not list the mirror's model and its speeds")
+        steps = []
+        library.progress.connect(lambda step, _rate: steps.append(step))
+        started = time.monotonic()
+        library.pull(MIRROR_MODEL)
+        _wait(app, lambda: steps and steps[-1].total_bytes
+              and steps[-1].done_bytes >= MODELS_SHOT_AT * steps[-1].total_bytes, 120, "the download stalled")
+        shot_s = time.monotonic() - started
+        dialog.grab().save(str(out / "models-dialog.png"), "PNG")
+        window.close()  # cancels the download, its partial kept (in the scratch cache)
+    return {"models: Download -> 40% of 74 MiB at ~6 MiB/s, s": shot_s}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
     parser.add_argument("--display", default=":97")
+    parser.add_argument("--scenes", default=",".join(SCENES), help=f"some of {', '.join(SCENES)}")
     args = parser.parse_args()
-    for tool in ("Xvfb", "xdpyinfo", "xwininfo", "import"):
+    scenes = set(args.scenes.split(","))
+    if not scenes <= set(SCENES):
+        parser.error(f"--scenes takes {', '.join(SCENES)}")
+    for tool in ("Xvfb", "xdpyinfo", "xwininfo", "import") if scenes - {"models"} else ():
         if shutil.which(tool) is None:
             print(f"screenshots: {tool} not found; run tools/sysdeps.sh", file=sys.stderr)
             return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="aural-shots-") as config, Display(args.display) as display:
-        timings = shoot_live(display, args.out, Path(config))
-        timings |= shoot_files(display, args.out, Path(config))
-        timings |= shoot_live(display, args.out, Path(config), caption_window=True)
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="aural-shots-") as config:
+        if scenes - {"models"}:
+            with Display(args.display) as display:
+                if "live" in scenes:
+                    timings |= shoot_live(display, args.out, Path(config))
+                if "files" in scenes:
+                    timings |= shoot_files(display, args.out, Path(config))
+                if "captions" in scenes:
+                    timings |= shoot_live(display, args.out, Path(config), caption_window=True)
+        if "models" in scenes:
+            timings |= shoot_models(args.out, Path(config))
     for label, seconds in timings.items():
         print(f"{label:<52} {seconds:6.2f}")
     print(f"screenshots in {args.out}: " + ", ".join(sorted(p.name for p in args.out.glob("*.png"))))

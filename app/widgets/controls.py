@@ -1,4 +1,5 @@
-"""The control bar: Start/Stop, input device (with a refresh button) and its level meter, model and language."""
+"""The control bar: Start/Stop, input device (with a refresh button) and its level meter, model (with a button to
+the Models dialog) and language."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class ControlBar(QWidget):
     device_changed = Signal(str)  # device name
     refresh_devices_requested = Signal()
     model_changed = Signal(str)  # model spec
+    manage_models_requested = Signal()  # the Models dialog: download or delete models
     language_changed = Signal(str)  # code; "" to detect
 
     def __init__(self, parent: QWidget | None = None):
@@ -54,6 +56,11 @@ class ControlBar(QWidget):
         self.level_meter = LevelMeter()
         self.model_combo = self._combo("Model (loaded once, shared by live captions and files)", 18,
                                        lambda: self.model_changed.emit(self.model_combo.currentData()))
+        self.manage_models_button = QToolButton()
+        self.manage_models_button.setObjectName("manageModels")
+        self.manage_models_button.setText("Models…")
+        self.manage_models_button.setToolTip("Download or delete models (File → Manage models…)")
+        self.manage_models_button.clicked.connect(self.manage_models_requested)
         self.language_combo = self._combo("Spoken language (multilingual models only)", 10,
                                           lambda: self.language_changed.emit(self.language_combo.currentData()))
         self._fill_languages()
@@ -74,9 +81,10 @@ class ControlBar(QWidget):
         grid.setHorizontalSpacing(10)
         grid.setVerticalSpacing(2)
         grid.addWidget(self.start_button, 0, 0, 2, 1)
-        for column, (label, widget) in enumerate(
-                (("Input", self._device_picker()), ("Model", self.model_combo), ("Language", self.language_combo)),
-                start=1):
+        fields = (("Input", self._picker(self.device_combo, self.refresh_devices_button)),
+                  ("Model", self._picker(self.model_combo, self.manage_models_button)),
+                  ("Language", self.language_combo))
+        for column, (label, widget) in enumerate(fields, start=1):
             caption = QLabel(label)
             caption.setObjectName("fieldLabel")
             grid.addWidget(caption, 0, column)
@@ -85,13 +93,15 @@ class ControlBar(QWidget):
         for column, stretch in ((1, 3), (2, 3), (3, 2)):
             grid.setColumnStretch(column, stretch)
 
-    def _device_picker(self) -> QWidget:
+    @staticmethod
+    def _picker(combo: QComboBox, button: QToolButton) -> QWidget:
+        """A combo with its tool button beside it."""
         picker = QWidget()
         row = QHBoxLayout(picker)
         row.setContentsMargins(0, 0, 0, 0)
         row.setSpacing(2)
-        row.addWidget(self.device_combo, 1)
-        row.addWidget(self.refresh_devices_button)
+        row.addWidget(combo, 1)
+        row.addWidget(button)
         return picker
 
     def _fill_languages(self) -> None:
