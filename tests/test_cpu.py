@@ -135,20 +135,11 @@ def attention64(q, kt, v, n_head):
     return out
 
 
-@pytest.mark.parametrize("n", [1, 31, 601, 750])
-def test_encoder_attention_is_within_f32_rounding(level, n):
-    """softmax(q k^T / sqrt d) v per head in f32: a score carries gamma_d sum|q k| of summation error
+def assert_attention_within_f32_rounding(got, q64, kt64, v64, n_head):
+    """got against attention64 of the same inputs: a score carries gamma_d sum|q k| of summation error
     (gamma_n, conftest.gamma_f32), which moves an output by at most twice the largest score error times
-    sum p |v|; the exponential (1e-7 relative) and the sum over n positions add (gamma_n + 1e-6) sum p |v|.
-    n = 601 ends in a 1-row query block, 750 is not a multiple of the 32-position panels."""
-    if level.kernel_isa == "baseline":
-        pytest.skip("Aural's attention needs AVX2 or AVX-512")
-    rng = np.random.default_rng(n)
-    n_state, n_head, d = 384, 6, 64
-    q, v = (rng.normal(0, 1, (n, n_state)).astype(np.float32) for _ in range(2))
-    kt = rng.normal(0, 1, (n_state, n)).astype(np.float32)
-    got = _native.kernel_attention(q, kt, v, n_head).astype(np.float64)
-    q64, kt64, v64 = q.astype(np.float64), kt.astype(np.float64), v.astype(np.float64)
+    sum p |v|; the exponential (1e-7 relative) and the sum over n positions add (gamma_n + 1e-6) sum p |v|."""
+    d, n = q64.shape[1] // n_head, kt64.shape[1]
     exact = attention64(q64, kt64, v64, n_head)
     for h in range(n_head):
         cols = slice(h * d, (h + 1) * d)
@@ -156,10 +147,25 @@ def test_encoder_attention_is_within_f32_rounding(level, n):
         p = np.exp(s - s.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         score_err = gamma_f32(d) * (np.abs(q64[:, cols]) @ np.abs(kt64[cols, :])).max(axis=1) / math.sqrt(d)
-        weight = p @ np.abs(v64[:, cols])  # sum_j p_j |v_j|, (n, d)
+        weight = p @ np.abs(v64[:, cols])  # sum_j p_j |v_j|, (n_q, d)
         bound = (2 * score_err[:, None] + gamma_f32(n) + 1e-6) * weight
         err = np.abs(got[:, cols] - exact[:, cols])
         assert np.all(err <= bound), float(np.max(err / bound))
+
+
+@pytest.mark.parametrize("n", [1, 31, 601, 750])
+def test_encoder_attention_is_within_f32_rounding(level, n):
+    """softmax(q k^T / sqrt d) v per head in f32, within the bound of assert_attention_within_f32_rounding.
+    n = 601 ends in a 1-row query block, 750 is not a multiple of the 32-position panels."""
+    if level.kernel_isa == "baseline":
+        pytest.skip("Aural's attention needs AVX2 or AVX-512")
+    rng = np.random.default_rng(n)
+    n_state, n_head = 384, 6
+    q, v = (rng.normal(0, 1, (n, n_state)).astype(np.float32) for _ in range(2))
+    kt = rng.normal(0, 1, (n_state, n)).astype(np.float32)
+    got = _native.kernel_attention(q, kt, v, n_head).astype(np.float64)
+    assert_attention_within_f32_rounding(got, q.astype(np.float64), kt.astype(np.float64), v.astype(np.float64),
+                                         n_head)
 
 
 @pytest.mark.parametrize("n_q, n_cross, n_head", [(1, 1500, 6), (5, 1500, 6), (9, 37, 8), (224, 1500, 20)])
@@ -171,23 +177,12 @@ def test_decoder_cross_attention_is_within_f32_rounding(level, n_q, n_cross, n_h
     if level.kernel_isa == "baseline":
         pytest.skip("Aural's cross-attention needs AVX2 or AVX-512")
     rng = np.random.default_rng(n_q + n_cross)
-    d = 64
-    n_state = n_head * d
+    n_state = n_head * 64
     q = rng.normal(0, 1, (n_q, n_state)).astype(np.float32)
     k, v = (rng.normal(0, 2, (n_cross, n_state)).astype(np.float32) for _ in range(2))
     got = _native.kernel_cross_attention(q, k, v, n_head).astype(np.float64)
-    q64 = q.astype(np.float64)
-    kt64, v64 = k.astype(np.float16).astype(np.float64).T, v.astype(np.float16).astype(np.float64)
-    exact = attention64(q64, kt64, v64, n_head)
-    for h in range(n_head):
-        cols = slice(h * d, (h + 1) * d)
-        s = q64[:, cols] @ kt64[cols, :] / math.sqrt(d)
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        score_err = gamma_f32(d) * (np.abs(q64[:, cols]) @ np.abs(kt64[cols, :])).max(axis=1) / math.sqrt(d)
-        bound = (2 * score_err[:, None] + gamma_f32(n_cross) + 1e-6) * (p @ np.abs(v64[:, cols]))
-        err = np.abs(got[:, cols] - exact[:, cols])
-        assert np.all(err <= bound), float(np.max(err / bound))
+    f16 = lambda x: x.astype(np.float16).astype(np.float64)  # noqa: E731
+    assert_attention_within_f32_rounding(got, q.astype(np.float64), f16(k).T, f16(v), n_head)
 
 
 @pytest.mark.parametrize("rows, cols, m", [(64, 384, 1), (1536, 384, 5), (384, 1536, 33)])
