@@ -555,14 +555,15 @@ def render(data: dict[str, Any]) -> str:
     lb, le = meta["loadavg_begin"], meta["loadavg_end"]
     not_finite = [f"{r['shape']} {r['wtype']} {r['variant']}" for r in rows if not r["finite"]]
     git = meta["git"]
+    note = f"{meta['note']}\n\n" if meta.get("note") else ""
     text = f"""# Speed of the bigger shapes: {NAME}
 
-CPU: {meta['cpu']} ({meta['cpus']} cores, shared with other work while this ran); {meta['threads']} threads per
+{note}CPU: {meta['cpu']} ({meta['cpus']} cores, shared with other work while this ran); {meta['threads']} threads per
 engine. Aural at its default CPU level: ggml variant `{meta['aural_cpu_level']}`, its own kernels up to
 {meta['aural_kernel_isa']} (aural.engine.cpu). whisper.cpp {_whispercpp_version()} built from source for this CPU
 (bench/setup.sh, `GGML_NATIVE=ON`; flash attention {'on' if meta['whispercpp_flash_attn'] else 'off'}, its
 default; `{(meta['whispercpp_system_info'] or '').strip()}`). {meta['date']}; commit {git['commit']}
-{'(dirty: this script not yet committed)' if git['dirty'] else ''}; 1-minute / 5-minute / 15-minute load
+{'(with uncommitted changes)' if git['dirty'] else ''}; 1-minute / 5-minute / 15-minute load
 average {lb[0]:.2f} / {lb[1]:.2f} / {lb[2]:.2f} at the start and {le[0]:.2f} / {le[1]:.2f} / {le[2]:.2f} at the
 end ({meta['wall_s'] / 60:.0f} min{_parts(meta)}); each row gives the 1-minute load range over its processes (it counts
 this benchmark's own 2 threads and I/O waits too) and the CPU the *other* processes used while each of them ran ("others' CPU": busy CPU
@@ -609,8 +610,8 @@ def _parts(meta: dict[str, Any]) -> str:
     if len(parts) < 2:
         return ""
     return " in all, in {} parts: ".format(len(parts)) + "; ".join(
-        f"{p['date']}, {p['wall_s'] / 60:.0f} min, load {p['loadavg_begin'][0]:.2f} → {p['loadavg_end'][0]:.2f}, "
-        f"`{p['command']}`" for p in parts)
+        f"{p['date']}, commit {p['git']['commit']}{' (dirty)' if p['git']['dirty'] else ''}, {p['wall_s'] / 60:.0f} min, "
+        f"load {p['loadavg_begin'][0]:.2f} → {p['loadavg_end'][0]:.2f}, `{p['command']}`" for p in parts)
 
 
 def _whispercpp_version() -> str:
@@ -708,14 +709,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-min", type=float, default=25, help="start no process after this many minutes")
     p.add_argument("--append", action="store_true", help="add to the runs already in the JSON (a run in parts)")
     p.add_argument("--render", action="store_true", help="Markdown and plot again from the JSON")
+    p.add_argument("--note", default=None, help="a paragraph put under the title (kept in the JSON)")
     args = p.parse_args(argv)
     args.argv = argv
     if args.render:
         data = json.loads((RESULTS / f"{NAME}.json").read_text())
         data.pop("aggregate", None)
+        if args.note is not None:
+            data["meta"]["note"] = args.note
         write(data)
         return 0
     data = measure(args)
+    if args.note is not None:
+        data["meta"]["note"] = args.note
     if args.append and (RESULTS / f"{NAME}.json").exists():
         old = json.loads((RESULTS / f"{NAME}.json").read_text())
         old.pop("aggregate", None)
