@@ -54,7 +54,6 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -63,6 +62,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from common import CACHE, DATA, REPO, RESULTS, aural_python, fmt, md_table  # noqa: E402
+from worker import whispercpp_timings  # noqa: E402
 
 NAME = "model-sizes"
 MODELS = CACHE / "model-sizes"
@@ -277,25 +277,6 @@ def worker_aural(spec: dict[str, Any]) -> dict[str, Any]:
             "int8": os.environ.get("AURAL_NO_INT8") != "1"}
 
 
-_TIMING_RE = re.compile(r"(\w+) time =\s*([\d.]+) ms(?: /\s*(\d+) runs)?")
-
-
-def _whispercpp_timings(pw, ctx) -> dict[str, tuple[float, int]]:
-    """whisper.cpp's own timings, which it only prints: captured from fd 2 (as bench/worker.py does)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            pw.whisper_print_timings(ctx)
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        tmp.seek(0)
-        text = tmp.read()
-    return {m.group(1): (float(m.group(2)), int(m.group(3) or 0)) for m in _TIMING_RE.finditer(text)}
-
-
 def worker_whispercpp(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import _pywhispercpp as pw
@@ -329,12 +310,12 @@ def worker_whispercpp(spec: dict[str, Any]) -> dict[str, Any]:
         if pw.whisper_encode(ctx, 0, threads) != 0:
             raise RuntimeError("whisper_encode failed")
         enc_wall.append((time.perf_counter() - t) * 1000)
-    enc_ms, enc_runs = _whispercpp_timings(pw, ctx).get("encode", (0.0, 0))
+    enc_ms, enc_runs = whispercpp_timings(pw, ctx).get("encode", (0.0, 0))
     for pos, token in enumerate(prompt):
         step(token, pos)
     pw.whisper_reset_timings(ctx)
     wall = [step(token, len(prompt) + k) for k, token in enumerate(forced)]
-    t = _whispercpp_timings(pw, ctx)
+    t = whispercpp_timings(pw, ctx)
     dec_ms, dec_runs = t.get("decode", (0.0, 0))
     return {"load_s": load_s, "encoder_ms": [enc_ms / enc_runs] * enc_runs if enc_runs else [],
             "encoder_wall_ms": enc_wall, "decode_ms_per_token": dec_ms / dec_runs if dec_runs else None,

@@ -168,6 +168,22 @@ class FasterWhisperEngine:
 _TIMING_RE = re.compile(r"(\w+) time =\s*([\d.]+) ms(?: /\s*(\d+) runs)?")
 
 
+def whispercpp_timings(pw, ctx) -> dict[str, tuple[float, int]]:
+    """whisper.cpp's own timings (it only prints them): captured from fd 2. Name -> (ms, runs)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            pw.whisper_print_timings(ctx)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read()
+    return {m.group(1): (float(m.group(2)), int(m.group(3) or 0)) for m in _TIMING_RE.finditer(text)}
+
+
 class WhisperCppEngine:
     def __init__(self, spec: dict[str, Any]):
         import _pywhispercpp as pw
@@ -207,19 +223,7 @@ class WhisperCppEngine:
         pw.whisper_decode(self.ctx, pw.whisper_token_sot(self.ctx), 1, 0, self.threads)
 
     def _timings(self) -> dict[str, tuple[float, int]]:
-        """whisper.cpp's own timings (it only prints them): captured from fd 2."""
-        sys.stderr.flush()
-        saved = os.dup(2)
-        with tempfile.TemporaryFile(mode="w+") as tmp:
-            os.dup2(tmp.fileno(), 2)
-            try:
-                self.pw.whisper_print_timings(self.ctx)
-            finally:
-                os.dup2(saved, 2)
-                os.close(saved)
-            tmp.seek(0)
-            text = tmp.read()
-        return {m.group(1): (float(m.group(2)), int(m.group(3) or 0)) for m in _TIMING_RE.finditer(text)}
+        return whispercpp_timings(self.pw, self.ctx)
 
     def transcribe(self, samples: np.ndarray) -> dict[str, Any]:
         pw = self.pw
