@@ -111,10 +111,14 @@ def test_download_installs_the_model_and_the_picker_loads_it_for_files(site, win
     assert NAME not in picker_names(window)
     qtbot.waitUntil(lambda: "(estimate)" in dialog.speed_text("large-v3"), timeout=MODEL_S)  # tiny.en's encoder, timed
     steps = record_progress(window)
+    cancellable = []  # (stage, whether Cancel could be clicked), after the dialog has shown each step
+    window.library.progress.connect(
+        lambda step, _rate: cancellable.append((step.stage, dialog.button(NAME, "Cancel").isEnabled())))
     with qtbot.waitSignal(window.library.pulled, timeout=PULL_S):
         click(qtbot, dialog, NAME, "Download")
     stages = [s.stage for s in steps]
     assert stages[0] == "download" and stages[-2:] == ["verify", "convert"]
+    assert cancellable[0] == ("download", True) and cancellable[-1] == ("convert", False)
     downloads = [s.done_bytes for s in steps if s.stage == "download"]
     assert downloads == sorted(downloads) and downloads[-1] == steps[0].total_bytes
     qtbot.waitUntil(lambda: dialog.state_text(NAME).startswith("installed (f16)"), timeout=30_000)

@@ -164,6 +164,10 @@ class ModelsDialog(QDialog):
         else:
             bar.setRange(0, 0)  # busy: checksums and the conversion report no fraction
         bar.setFormat(progress_text(step, mib_per_s).removeprefix(f"{step.name}: "))
+        if step.stage == "convert":  # store.pull's conversion runs to its end: no Cancel that would not act
+            cancel = self.button(step.name, "Cancel")
+            cancel.setEnabled(False)
+            cancel.setToolTip("The download is complete; converting to GGUF cannot be interrupted")
 
     @Slot(str, bool)
     def show_message(self, text: str, error: bool = False) -> None:
