@@ -843,7 +843,11 @@ def test_a_device_lost_mid_stream_keeps_the_captions_and_the_journal(make_window
         window.toggle_live()  # the replay ends by itself, and the run with it
     said = window.captions.committed_text()
     assert len(shown_before) == 1 and shown_before[0] and said.startswith(shown_before[0]) and said != shown_before[0]
-    assert "ask not what your country can do for you" in normalized(said)
+    # The CPU finishes the address: JFK's words within rounding's slack of live decoding (2 of 22; "asked not"
+    # for "ask not" is one such word).
+    import jiwer
+
+    assert jiwer.wer(normalized(JFK_TEXT), normalized(said)) <= 2 / 22
     [journal] = journal_dir.glob("session-*.jsonl")
     assert read_session(journal).text == said
     assert window.statusBar().currentMessage() == fell_back(COMPUTE_FAILURE)
