@@ -381,7 +381,8 @@ ggml_tensor * encoder_self_attention(ggml_context * ctx, ggml_tensor * q, ggml_t
                             reinterpret_cast<void *>(static_cast<intptr_t>(n_head)));
 }
 
-bool cross_attention_available() { return kernel_isa() >= isa::avx2 && __builtin_cpu_supports("f16c"); }
+// The encoder op's instruction sets, and F16C for the f16 K/V (every AVX2 CPU so far has it).
+bool cross_attention_available() { return encoder_attention_available() && __builtin_cpu_supports("f16c"); }
 
 ggml_tensor * decoder_cross_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * vt,
                                       int n_head) {

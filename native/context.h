@@ -133,7 +133,6 @@ class context {
     backend_report report(ggml_backend_sched_t sched, ggml_cgraph * gf) const;
     void compute(ggml_backend_sched_t sched, ggml_cgraph * gf);
     void check_batch(const decode_batch & batch) const;
-    std::vector<int64_t> append_cells(decode_batch & batch);
     uint32_t place(decode_batch & ub);
     void decode_ubatch(decode_batch & ub, float * logits);
     void align_ubatch(decode_batch & ub, const std::vector<align_head> & heads, float * weights, float * logits);
