@@ -22,6 +22,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from aural.engine.errors import AuralError
 from aural.engine.features import N_FRAMES, N_SAMPLES, window_mel
 from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
+from aural.engine.models.download import TransferRate
 from aural.engine.models.store import PullProgress, catalog_models, pull, resolve_model
 from aural.engine.runtime import DeviceFallback, WhisperModel, compute_devices, load_model
 from aural.engine.text.chinese import default_script, localize_segments
@@ -196,15 +197,10 @@ class _Throttle:
     def __init__(self):
         self._stage = ""
         self._shown_at = 0.0
-        self._first: tuple[float, int] | None = None  # (time, bytes) of this run's first download step
+        self._rate = TransferRate()
 
     def mib_per_s(self, step: PullProgress, now: float) -> float:
-        if step.stage != "download":
-            return 0.0
-        if self._first is None:
-            self._first = (now, step.done_bytes)  # a resumed download counts from where it resumed
-        elapsed = now - self._first[0]
-        return (step.done_bytes - self._first[1]) / 2**20 / elapsed if elapsed > 0 else 0.0
+        return self._rate.update(step.done_bytes, now) / 2**20 if step.stage == "download" else 0.0
 
     def due(self, step: PullProgress, now: float) -> bool:
         due = (step.stage != self._stage or step.done_bytes == step.total_bytes

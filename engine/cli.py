@@ -331,9 +331,8 @@ class _PullBar:
         self._tty = stream.isatty()
         self._wtype = wtype
         self._stage = ""
-        self._started = 0.0
+        self._rate: Any = None  # models.download.TransferRate of the download, from its first step
         self._drawn_at = float("-inf")  # the first step draws at once
-        self._first_bytes = 0
         self._next_tenth = 1
         self._drawn = False
 
@@ -347,25 +346,28 @@ class _PullBar:
         self._stream.flush()
 
     def _download(self, step: Any) -> None:
+        from .models.download import TransferRate
+
         now = time.monotonic()
         if self._stage != "download":  # the first step: a resumed download starts past 0
-            self._started, self._first_bytes = now, step.done_bytes
+            self._rate = TransferRate()
             self._stream.write(f"{step.name}: downloading{self._size(step)}\n")
+        rate = self._rate.update(step.done_bytes, now)
         fraction = step.done_bytes / step.total_bytes if step.total_bytes else None
         if self._tty and (now - self._drawn_at >= _REDRAW_S or fraction == 1):
-            self._stream.write(f"\r\033[K{self._line(step, fraction, now)}")
+            self._stream.write(f"\r\033[K{self._line(step, fraction, rate)}")
             self._drawn, self._drawn_at = True, now
         elif not self._tty and fraction is not None and fraction * 10 >= self._next_tenth:
-            self._stream.write(f"{self._line(step, fraction, now)}\n")
+            self._stream.write(f"{self._line(step, fraction, rate)}\n")
             self._next_tenth = int(fraction * 10) + 1
 
     @staticmethod
     def _size(step: Any) -> str:
         return f" {step.total_bytes / 2**20:.1f} MiB" if step.total_bytes else ""
 
-    def _line(self, step: Any, fraction: float | None, now: float) -> str:
-        elapsed = max(now - self._started, 1e-6)
-        rate = (step.done_bytes - self._first_bytes) / elapsed
+    @staticmethod
+    def _line(step: Any, fraction: float | None, rate: float) -> str:
+        """The bar's line; rate in bytes per second."""
         done = f"{step.done_bytes / 2**20:.1f}"
         if fraction is None:
             return f"  {done} MiB, {rate / 2**20:.1f} MiB/s"

@@ -43,7 +43,7 @@ try:
 except ImportError:  # Windows: no flock, so nothing keeps two pulls of one model apart (nor renames an open file)
     fcntl = None
 
-__all__ = ["Transfer", "download", "fetch_small", "partial_path"]
+__all__ = ["Transfer", "TransferRate", "download", "fetch_small", "partial_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,21 @@ class Transfer:
     done_bytes: int
     total_bytes: int | None
     verifying: bool = False
+
+
+class TransferRate:
+    """Bytes per second of one download run, counted from the first step it sees: a resumed download is
+    timed from where it resumed, not from byte 0 (the CLI's progress bar and the app's Models dialog)."""
+
+    def __init__(self) -> None:
+        self._first: tuple[float, int] | None = None  # (time.monotonic(), done_bytes) of the first step
+
+    def update(self, done_bytes: int, now: float) -> float:
+        """The rate after a step that has `done_bytes` on disk at `now`; 0.0 at the first step."""
+        if self._first is None:
+            self._first = (now, done_bytes)
+        elapsed = now - self._first[0]
+        return (done_bytes - self._first[1]) / elapsed if elapsed > 0 else 0.0
 
 
 class _Cut(Exception):
