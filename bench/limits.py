@@ -58,7 +58,7 @@ def clock_hz() -> float:
 
 
 def measure(model_path: str) -> dict:
-    from aural.engine.cpu import configure, cpu_model
+    from aural.engine.cpu import configure, cpu_class
     from aural.engine.features import window_mel
     from aural.engine.runtime import WhisperModel
 
@@ -111,7 +111,7 @@ def measure(model_path: str) -> dict:
     int8_rate = 2 * int8_lanes * hz
     enc_floor_s = (proj / int8_rate if int8 else proj / f32_rate) + (attention + conv) / f32_rate
     return {
-        "cpu": cpu_model(), "level": level.variant,
+        "cpu": cpu_class(), "level": level.variant,
         "kernel_isa": isa, "int8": int8, "clock_ghz": hz / 1e9, "read_gib_s": bw / GIB,
         "decoder": {"bytes_per_step": bytes_per_step, "layers": layer_bytes, "screen": screen, "cross_kv": cross_kv,
                     "self_kv": self_kv, "floor_ms": bytes_per_step / bw * 1000,
@@ -125,14 +125,15 @@ def measure(model_path: str) -> dict:
 def render() -> str:
     rows = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("limits-*.json"))]
     lines = ["# Decoder and encoder against the physical limits", "",
-             (rows[0]["cpu"] if rows else "?") + ", 2 threads. `bench/limits.py` (its docstring has the method).", "",
-             "| level | kernels | read GiB/s (2 threads) | decoder bytes/step MiB | decoder floor ms | greedy ms (fraction of floor reached) "
+             "2 threads. `bench/limits.py` (its docstring has the method). A CPU that reads only \"AMD EPYC\" is the "
+             "Zen 4 VM of 2026-12-01, measured before reports named the core.", "",
+             "| CPU | level | kernels | read GiB/s (2 threads) | decoder bytes/step MiB | decoder floor ms | greedy ms (fraction of floor reached) "
              "| beam-5 step ms | encoder GMAC / 30 s window | peak GMAC/s f32 · int8 | encoder floor ms | measured ms (fraction) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         d, e = r["decoder"], r["encoder"]
         lines.append(
-            f"| {r['level']} | {r['kernel_isa']}{' + int8' if r['int8'] else ''} | {r['read_gib_s']:.1f} "
+            f"| {r['cpu']} | {r['level']} | {r['kernel_isa']}{' + int8' if r['int8'] else ''} | {r['read_gib_s']:.1f} "
             f"| {d['bytes_per_step'] / 2**20:.1f} | {d['floor_ms']:.2f} | {d['greedy_ms']:.2f} "
             f"({d['floor_ms'] / d['greedy_ms']:.0%}) | {d['beam5_ms']:.2f} | {e['macs'] / 1e9:.1f} "
             f"| {e['f32_gmacs']:.0f} · {e['int8_gmacs']:.0f} | {e['floor_ms']:.0f} | {e['measured_ms']:.0f} "
@@ -150,10 +151,15 @@ def main(argv: list[str]) -> int:
         return 0
     from aural.engine.models.store import resolve_model
 
+    from aural.engine.cpu import cpu_core
+
     model = argv[0] if argv else str(resolve_model(None))
     out = measure(model)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"limits-{out['level']}.json").write_text(json.dumps(out, indent=1))
+    # One file per level and core: the haswell level of a Zen 2 is not the haswell level run on a Zen 4.
+    core = cpu_core().lower().replace(" ", "").removesuffix("-sp")
+    tag = f"-{core}" if core else ""
+    (RESULTS / f"limits-{out['level']}{tag}.json").write_text(json.dumps(out, indent=1))
     (RESULTS / "limits.md").write_text(render())
     print(json.dumps(out, indent=1))
     return 0

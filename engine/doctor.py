@@ -48,7 +48,7 @@ def _native_report() -> dict[str, Any]:
     devices = [{**d, "weight_types": list(_native.supported_weight_types(d["name"]))} for d in _native.devices()]
     return {
         "native": {"available": True, "ggml_version": _native.ggml_version()},
-        "cpu": cpu.cpu_model(),
+        "cpu": cpu.cpu_class(),
         "cpu_level": {"variant": level.variant, "reason": level.reason, "kernel_isa": level.kernel_isa,
                       "runnable": list(level.runnable), "extra_buffers": level.bufts, "excluded": list(level.excluded)},
         "devices": devices,

@@ -49,6 +49,24 @@ def test_the_level_in_use_is_one_this_cpu_runs_and_caps_the_kernels(level):
     assert "AMX" in level.excluded or level.bufts.get("AMX") == "ok"
 
 
+ZEN2 = {"vendor_id": "AuthenticAMD", "cpu family": "23", "model": "49", "model name": "AMD EPYC",
+        "flags": "fpu sse2 avx f16c fma avx2 bmi2"}
+SAPPHIRE_RAPIDS = {"vendor_id": "GenuineIntel", "cpu family": "6", "model": "143", "model name": "Intel Xeon",
+                   "flags": "avx2 avx512f avx512_vnni avx_vnni amx_tile amx_int8"}
+
+
+@pytest.mark.parametrize("info, expected", [
+    (ZEN2, "AMD EPYC (Zen 2, family 23 model 49; AVX2, no AVX-512)"),
+    (SAPPHIRE_RAPIDS, "Intel Xeon (Sapphire Rapids, family 6 model 143; AMX)"),
+    ({**ZEN2, "model": "250"}, "AMD EPYC (family 23 model 250; AVX2, no AVX-512)"),
+    ({"model name": "QEMU Virtual CPU", "flags": "sse2"}, "QEMU Virtual CPU (no AVX2)"),
+])
+def test_a_figures_cpu_names_the_core_and_the_widest_isa(monkeypatch, info, expected):
+    # A KVM guest calls Zen 2, 3 and 4 alike "AMD EPYC": figures measured on them must say which.
+    monkeypatch.setattr(cpu, "_cpuinfo", lambda: info)
+    assert cpu.cpu_class() == expected
+
+
 def test_a_named_variant_runs_ggml_and_aurals_kernels_at_that_level():
     if "haswell" not in runnable():
         pytest.skip("this CPU does not run ggml's haswell (AVX2) variant")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import AuralError
 
-__all__ = ["CpuLevel", "CpuLevelError", "configure", "cpu_model", "current"]
+__all__ = ["CpuLevel", "CpuLevelError", "configure", "cpu_class", "cpu_core", "cpu_model", "current"]
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +226,49 @@ def _read_cache(path: Path) -> dict[str, dict[str, str]]:
 def cpu_model() -> str:
     """The CPU's name as /proc/cpuinfo gives it ("AMD EPYC"), for reports."""
     return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+# (vendor, family, model) -> microarchitecture. A KVM guest names Rome, Milan and Genoa all "AMD EPYC", and
+# figures measured on them differ by 2x: reports name the core too (family/model numbers: Linux's
+# arch/x86/include/asm/intel-family.h and AMD's processor programming references).
+_MICROARCH = {
+    ("AuthenticAMD", 23, 1): "Zen", ("AuthenticAMD", 23, 8): "Zen+", ("AuthenticAMD", 23, 49): "Zen 2",
+    ("AuthenticAMD", 23, 113): "Zen 2", ("AuthenticAMD", 25, 1): "Zen 3", ("AuthenticAMD", 25, 33): "Zen 3",
+    ("AuthenticAMD", 25, 17): "Zen 4", ("AuthenticAMD", 25, 97): "Zen 4", ("AuthenticAMD", 26, 2): "Zen 5",
+    ("GenuineIntel", 6, 63): "Haswell", ("GenuineIntel", 6, 79): "Broadwell", ("GenuineIntel", 6, 85): "Skylake-SP",
+    ("GenuineIntel", 6, 106): "Ice Lake-SP", ("GenuineIntel", 6, 143): "Sapphire Rapids",
+    ("GenuineIntel", 6, 207): "Emerald Rapids", ("GenuineIntel", 6, 151): "Alder Lake", ("GenuineIntel", 6, 183): "Raptor Lake",
+}
+# The widest matrix-product instructions first: what decides which of Aural's kernels run.
+_ISA_ORDER = (("amx_tile", "AMX"), ("avx512_vnni", "AVX-512 VNNI"), ("avx512f", "AVX-512"), ("avx_vnni", "AVX-VNNI"),
+              ("avx2", "AVX2"))
+
+
+def _family_model() -> tuple[str, int, int] | None:
+    info = _cpuinfo()
+    try:
+        return info.get("vendor_id", ""), int(info["cpu family"]), int(info["model"])
+    except (KeyError, ValueError):
+        return None
+
+
+def cpu_core() -> str:
+    """The microarchitecture ("Zen 2", "Sapphire Rapids"), "" where the family and model are not in the table."""
+    return _MICROARCH.get(_family_model(), "")
+
+
+def cpu_class() -> str:
+    """The CPU for a figure's caption: name, core and widest ISA, e.g. "AMD EPYC (Zen 2, family 23 model 49;
+    AVX2, no AVX-512)"."""
+    flags = set(_cpuinfo().get("flags", "").split())
+    isa = next((label for flag, label in _ISA_ORDER if flag in flags), "no AVX2")
+    if isa == "AVX2" or isa == "AVX-VNNI":
+        isa += ", no AVX-512"
+    key = _family_model()
+    if key is None:
+        return f"{cpu_model()} ({isa})"
+    core = cpu_core()
+    return f"{cpu_model()} ({core + ', ' if core else ''}family {key[1]} model {key[2]}; {isa})"
 
 
 def _cpuinfo() -> dict[str, str]:
