@@ -72,6 +72,8 @@ class AuralEngine:
             kwargs["word_timestamps"] = True
         if "audio_ctx" in spec and "audio_ctx" in fields:
             kwargs["audio_ctx"] = spec["audio_ctx"]
+        # Other TranscribeOptions by name (bench/accuracy.py's configs); ones this build lacks are left out.
+        kwargs.update({k: v for k, v in spec.get("options", {}).items() if k in fields})
         self.options = TranscribeOptions(**kwargs)
         self.kv_mode = spec.get("kv_mode", "device")
         self.model = WhisperModel(spec["model"], device=spec.get("device", "auto"), n_threads=int(spec["threads"]))

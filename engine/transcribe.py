@@ -32,7 +32,7 @@ import numpy as np
 from . import audio
 from .alignment import window_words
 from .cancel import interrupt_on_stop
-from .decoding import DecodingOptions, DecodingResult, decode_window, detect_language
+from .decoding import REPEATED_SEGMENTS, DecodingOptions, DecodingResult, decode_window, detect_language, repeated_segments
 from .errors import AudioError
 from .features import AUDIO_CTX_MODES, HOP_LENGTH, N_FRAMES, N_SAMPLES, context_frames, window_mel
 from .metrics import Timings, TokenTimer
@@ -88,6 +88,8 @@ class TranscribeOptions:
         temperatures: tried in order on each window until one passes the thresholds.
         compression_ratio_threshold: a window whose text compresses better than this is retried
             (too repetitive); None disables the check.
+        repeated_segments_threshold: a window in which one segment's text follows itself this many
+            times in a row is retried as too repetitive as well; None disables the check.
         logprob_threshold: a window whose mean token log-probability is below this is retried;
             None disables the check.
         no_speech_threshold: a window whose no-speech probability is above this and whose mean
@@ -122,6 +124,7 @@ class TranscribeOptions:
     task: str = "transcribe"
     temperatures: Sequence[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     compression_ratio_threshold: float | None = 2.4
+    repeated_segments_threshold: int | None = REPEATED_SEGMENTS
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
     condition_on_previous_text: bool = True
@@ -399,11 +402,17 @@ def skips_speech(tokens: Sequence[int], timestamp_begin: int, speech_s: Callable
     return False
 
 
-def _needs_fallback(result: DecodingResult, options: TranscribeOptions) -> bool:
+def _too_repetitive(result: DecodingResult, options: TranscribeOptions, timestamp_begin: int) -> bool:
+    if options.compression_ratio_threshold is not None and result.compression_ratio > options.compression_ratio_threshold:
+        return True
+    return (options.repeated_segments_threshold is not None
+            and repeated_segments(result.tokens, timestamp_begin) >= options.repeated_segments_threshold)
+
+
+def _needs_fallback(result: DecodingResult, options: TranscribeOptions, timestamp_begin: int) -> bool:
     """Too repetitive or too improbable, unless it looks like silence (ref: openai-whisper transcribe.py
     decode_with_fallback). Passing over speech is the run's check (_Run._skipped)."""
-    failed = (options.compression_ratio_threshold is not None
-              and result.compression_ratio > options.compression_ratio_threshold)
+    failed = _too_repetitive(result, options, timestamp_begin)
     low_logprob = options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold
     silence = (options.no_speech_threshold is not None
                and result.no_speech_prob > options.no_speech_threshold and low_logprob)
@@ -575,7 +584,9 @@ class _Run:
         text: the prompt can make the model jump past speech that resembles text it was shown (on the 5 min
         series, which repeats its clips, a window opened 20 s late after a prompt holding those words)."""
         o = self.options
+        ts_begin = self.tokenizer.timestamp_begin
         prompt = window_prompt(self.hotwords, self.prompt, self.prompt.maxlen)
+        attempts: list[tuple[bool, bool, float, DecodingResult]] = []
         for temperature in o.temperatures:
             result = self._decode_at(seek, temperature, prompt)
             skipped = self._skipped(result, seek)  # once per decode: its lead check may scan seconds with VAD
@@ -585,11 +596,16 @@ class _Run:
                              seek * HOP_LENGTH / SAMPLE_RATE)
                 result = self._decode_at(seek, temperature, prompt)
                 skipped = self._skipped(result, seek)
-            if not skipped and not _needs_fallback(result, o):
-                break
+            if not skipped and not _needs_fallback(result, o, ts_begin):
+                return result
             logger.debug("window at %.2f s failed at T=%s (cr %.2f, logprob %.2f)", seek * HOP_LENGTH / SAMPLE_RATE,
                          temperature, result.compression_ratio, result.avg_logprob)
-        return result
+            attempts.append((not _too_repetitive(result, o, ts_begin), not skipped, result.avg_logprob, result))
+        # Every temperature failed: the most probable attempt that is not too repetitive, else the most
+        # probable one (ref: faster-whisper transcribe.py generate_with_fallback), one that keeps the speech
+        # before one that passes over it. With one temperature that is the only attempt.
+        # The temperature reported is the last one tried, as faster-whisper's, so that the prompt is reset.
+        return dataclasses.replace(max(attempts, key=lambda a: a[:3])[3], temperature=o.temperatures[-1])
 
     def _skipped(self, result: DecodingResult, seek: int) -> bool:
         """skips_speech, counting seconds of speech Silero VAD hears, or a window whose text opens SKIP_MIN_S

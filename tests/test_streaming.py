@@ -22,6 +22,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from conftest import DATA, english_dev_clips
 from aural.engine.audio import load_audio
+from aural.engine.decoding import DecodingResult, compression_ratio
 from aural.engine.features import N_FRAMES, N_SAMPLES, log_mel_spectrogram, window_mel
 from aural.engine.live.capture import MicrophoneSource, ReplaySource
 from aural.engine.models.store import list_models, resolve_model
@@ -32,6 +33,7 @@ from aural.engine.live.streaming import (
     Metrics,
     Partial,
     StreamOptions,
+    _Stream,
     _agreement,
     _context_frames,
     _parse,
@@ -143,6 +145,21 @@ def test_timestamped_tokens_become_words_with_segment_cuts(model):
     again = [ts(0.0), *tok.encode(" Ask not"), ts(2.0), ts(2.0), *tok.encode(" Ask not"), ts(4.0), ts(4.0)]
     assert [w.text for w in _parse(again, tok, offset_s=0.0, window_s=2.0).words] == ["Ask", "not"]
     assert [w.text for w in _parse(again, tok, offset_s=0.0, window_s=2.5).words] == ["Ask", "not"] * 2
+
+
+def test_a_hypothesis_repeating_one_segment_three_times_is_rejected(model):
+    tok = model.tokenizer
+    ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731
+    # The noisy 5 min series' loop (engine/decoding.py REPEATED_SEGMENTS), after the speech before it.
+    first, line = tok.encode(" Stuff it into you, his belly counselled him."), tok.encode(" It's a good thing to do.")
+    tokens = [ts(0.0), *first, ts(2.0), ts(2.0), *line, ts(4.0), ts(4.0), *line, ts(6.0), ts(6.0), *line, ts(8.0)]
+    result = DecodingResult(tokens=tokens, text="", avg_logprob=-0.3, no_speech_prob=0.1,
+                            compression_ratio=compression_ratio(tok.decode(tokens)))
+    assert result.compression_ratio < StreamOptions().compression_ratio_threshold  # the ratio alone misses it
+    assert _Stream(model, StreamOptions(), "device")._rejected(result)
+    assert not _Stream(model, StreamOptions(repeated_segments_threshold=None), "device")._rejected(result)
+    twice = DecodingResult(tokens=tokens[:-len(line) - 2], avg_logprob=-0.3, no_speech_prob=0.1, compression_ratio=1.5)
+    assert not _Stream(model, StreamOptions(), "device")._rejected(twice)
 
 
 def test_options_keep_the_window_under_the_encoder_limit():

@@ -21,6 +21,7 @@ from aural.engine.transcribe import (
     TranscribeOptions,
     _is_silence,
     _needs_fallback,
+    repeated_segments,
     skips_speech,
     _RollingAudio,
     decoding_options,
@@ -280,7 +281,7 @@ def test_fallback_and_silence_rules():
     ts = 50_000  # any timestamp_begin: the rules read tokens relative to it
 
     def fallback(**kw):
-        return _needs_fallback(result(**kw), options)
+        return _needs_fallback(result(**kw), options, ts)
 
     assert not fallback()
     assert fallback(compression_ratio=2.5)  # too repetitive
@@ -302,6 +303,22 @@ def test_fallback_and_silence_rules():
     assert not _is_silence(result(avg_logprob=-0.5, no_speech_prob=0.7), options)  # confident text wins
     assert not _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.5), options)
     assert not _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.9), TranscribeOptions(no_speech_threshold=None))
+
+
+def test_a_segment_that_follows_itself_three_times_is_too_repetitive():
+    ts = 50_000
+    sentence, other = [7, 8, 9], [7, 8]
+    # Each copy between its own timestamps, as the noisy 5 min series' loop was: no token unit repeats.
+    looped = [ts, *other, ts + 90, ts + 90, *other, ts + 180, ts + 180, *sentence, ts + 270,
+              ts + 270, *sentence, ts + 360, ts + 360, *sentence]
+    assert repeated_segments(looped, ts) == 3
+    assert repeated_segments(looped[:-3], ts) == 2  # two in a row: a repeated phrase, not a loop
+    assert repeated_segments([ts, *sentence, ts + 90, ts + 90, *other, ts + 180, ts + 180, *sentence], ts) == 1
+    assert repeated_segments([], ts) == 0 and repeated_segments([ts, ts + 20], ts) == 0
+    result = DecodingResult(tokens=looped, avg_logprob=-0.3, compression_ratio=1.9, no_speech_prob=0.1)
+    assert _needs_fallback(result, TranscribeOptions(), ts)
+    assert not _needs_fallback(result, TranscribeOptions(repeated_segments_threshold=None), ts)
+    assert not _needs_fallback(result, TranscribeOptions(repeated_segments_threshold=4), ts)
 
 
 def test_rolling_audio_holds_at_most_a_window_ahead():

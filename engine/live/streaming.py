@@ -49,7 +49,7 @@ from typing import Iterator, Sequence, Union
 
 import numpy as np
 
-from ..decoding import DecodingOptions, DecodingResult, decode_window, detect_language
+from ..decoding import REPEATED_SEGMENTS, DecodingOptions, DecodingResult, decode_window, detect_language, repeated_segments
 from ..errors import AuralError
 from ..features import AUDIO_CTX_MODES, N_SAMPLES, context_frames, window_mel
 from ..metrics import TokenTimer, peak_rss_mb
@@ -224,6 +224,8 @@ class StreamOptions:
         logprob_threshold: see `no_speech_threshold`.
         compression_ratio_threshold: a hypothesis compressing better than this is a repetition
             loop and is discarded (ref: openai-whisper, 2.4).
+        repeated_segments_threshold: a hypothesis in which one segment follows itself this many
+            times in a row is a repetition loop too (decoding.REPEATED_SEGMENTS); None: not checked.
         rtf_steps: steps the running RTF averages over.
         vad: the speech gate's hysteresis.
         audio_ctx: "auto" encodes only the mel frames the window needs (its length plus
@@ -252,6 +254,7 @@ class StreamOptions:
     no_speech_threshold: float = 0.6
     logprob_threshold: float = -1.0
     compression_ratio_threshold: float = 2.4
+    repeated_segments_threshold: int | None = REPEATED_SEGMENTS
     rtf_steps: int = 10
     vad: VadOptions = field(default_factory=VadOptions)
     audio_ctx: str = "auto"
@@ -587,7 +590,9 @@ class _Stream:
         """Silence by Whisper's own judgement, or a repetition loop (ref: openai-whisper transcribe.py)."""
         o = self.options
         silence = result.no_speech_prob > o.no_speech_threshold and result.avg_logprob < o.logprob_threshold
-        loop = result.compression_ratio > o.compression_ratio_threshold
+        loop = result.compression_ratio > o.compression_ratio_threshold or (
+            o.repeated_segments_threshold is not None
+            and repeated_segments(result.tokens, self.model.tokenizer.timestamp_begin) >= o.repeated_segments_threshold)
         if silence or loop:
             logger.debug("hypothesis rejected (no_speech %.2f, logprob %.2f, compression %.2f): %r",
                          result.no_speech_prob, result.avg_logprob, result.compression_ratio, result.text)
