@@ -19,7 +19,9 @@ from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from aural.engine.cancel import StopEvent
 from aural.engine.errors import ModelError
-from aural.engine.live.capture import InputDevice, MicrophoneSource, list_input_devices, portaudio_input_devices
+from aural.engine.live.capture import (InputDevice, MicrophoneSource, list_input_devices, open_input,
+                                      portaudio_input_devices)
+from aural.engine.live.mix import MixSource, mix_parts
 from aural.engine.live.journal import Session, SessionJournal, mark_session, prune_sessions, unclosed_sessions
 from aural.engine.live.streaming import Commit, Metrics, StreamOptions
 from aural.engine.metrics import Timings
@@ -68,15 +70,16 @@ class Catalog:
     pactl: str = "pactl"
 
 
-def open_microphone(name: str) -> MicrophoneSource:
-    """The input called `name` (a sound server's source or a PortAudio device); the system default for ""
-    or a device that is gone. Lists the inputs (runs pactl): call it off the GUI thread, as LiveWorker does."""
-    device = next((d for d in list_input_devices() if d.name == name), None) if name else None
-    if device is None:
-        return MicrophoneSource()
-    if device.is_server_source:
-        return MicrophoneSource(server_source=device.name)
-    return MicrophoneSource(device=device.index)
+def open_microphone(name: str) -> MicrophoneSource | MixSource:
+    """The input called `name` (a sound server's source, a PortAudio device, or a `mix.mix_name` of several);
+    the system default for "" or an input that is gone. Lists the inputs (runs pactl): call it off the GUI
+    thread, as LiveWorker does."""
+    devices = list_input_devices()
+    known = {d.name for d in devices}
+    parts = mix_parts(name)
+    if parts is not None and all(part in known for part in parts):
+        return MixSource([open_input(part, devices) for part in parts])
+    return open_input(name if name in known else None, devices)
 
 
 def _for_model(model: WhisperModel, language: str | None) -> str | None:
@@ -320,6 +323,7 @@ class LiveSession(QObject):
     commit = Signal(object)  # streaming.Commit
     metrics = Signal(object)  # streaming.Metrics
     level = Signal(float)  # input RMS, 0..1
+    levels = Signal(list)  # a mix's inputs' RMS, 0..1 each
     failed = Signal(str)
     fallback = Signal(object)  # runtime.DeviceFallback: the run went on on the CPU, its captions kept
 
@@ -421,6 +425,7 @@ class LiveSession(QObject):
         worker.partial.connect(self.partial, Qt.ConnectionType.QueuedConnection)
         worker.metrics.connect(self._on_metrics, Qt.ConnectionType.QueuedConnection)
         worker.level.connect(self.level, Qt.ConnectionType.QueuedConnection)
+        worker.levels.connect(self.levels, Qt.ConnectionType.QueuedConnection)
         worker.commit.connect(self._on_commit)
         worker.failed.connect(self.failed)
         worker.fallback.connect(self.fallback)

@@ -218,6 +218,7 @@ class MainWindow(QMainWindow):
         self.live.commit.connect(self._on_commit)
         self.live.metrics.connect(self.metrics.set_metrics)
         self.live.level.connect(c.level_meter.set_level)
+        self.live.levels.connect(c.set_input_levels)
         self.live.failed.connect(self.show_error)
         self.files.added.connect(self.queue.add_job)
         self.files.changed.connect(self._on_job_changed)

@@ -21,6 +21,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from aural.engine.errors import AuralError
 from aural.engine.features import N_FRAMES, N_SAMPLES, window_mel
+from aural.engine.live.mix import MixSource
 from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
 from aural.engine.models.download import TransferRate
 from aural.engine.models.store import PullProgress, catalog_models, pull, resolve_model
@@ -314,20 +315,25 @@ class FileWorker(_Reporter):
 
 
 class MeteredSource:
-    """A capture source passed through unchanged, reporting the RMS of what each read returns.
+    """A capture source passed through unchanged, reporting the RMS of what each read returns, or for a
+    mix (`mix.MixSource`) each input's RMS over it, so that each input has its own meter.
 
     The level is measured on the worker's side of the ring buffer, so it arrives when the engine reads:
     every 0.1 s while it keeps up, in one piece after a long decode step.
     """
 
-    def __init__(self, source, on_level: Callable[[float], None]):
+    def __init__(self, source, on_level: Callable[[float], None], on_levels: Callable[[list], None]):
         self._source = source
         self._on_level = on_level
+        self._on_levels = on_levels
 
     def read(self, timeout_s: float = 0.1) -> np.ndarray | None:
         samples = self._source.read(timeout_s)
         if samples is not None and samples.size:
-            self._on_level(float(np.sqrt(np.mean(np.square(samples)))))
+            if isinstance(self._source, MixSource):
+                self._on_levels(list(self._source.levels))
+            else:
+                self._on_level(float(np.sqrt(np.mean(np.square(samples)))))
         return samples
 
     def __getattr__(self, name: str):
@@ -345,6 +351,7 @@ class LiveWorker(_Worker):
     commit = Signal(object)  # streaming.Commit
     metrics = Signal(object)  # streaming.Metrics
     level = Signal(float)  # RMS of the latest audio, 0..1
+    levels = Signal(list)  # of a mix: each input's RMS of the latest audio, 0..1, in the mix's order
     fallback = Signal(object)  # runtime.DeviceFallback: the CPU took over the stream from the model's device
 
     def __init__(self, model: WhisperModel, open_source: Callable[[], object], options: StreamOptions,
@@ -359,7 +366,7 @@ class LiveWorker(_Worker):
 
     def _work(self) -> None:
         signals = {Partial: self.partial, Commit: self.commit, Metrics: self.metrics, DeviceFallback: self.fallback}
-        source = MeteredSource(self._open_source(), self.level.emit)
+        source = MeteredSource(self._open_source(), self.level.emit, self.levels.emit)
         for event in live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop):
             if isinstance(event, Error):
                 self.failed.emit(event.message)

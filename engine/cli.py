@@ -497,8 +497,12 @@ def _add_live(subparsers: Any) -> None:
                               parents=[_cpu_variant_parent()],
                               description="Caption speech as it is spoken. Ctrl-C stops and keeps the last words.")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--device", metavar="ID", help="input device index or name (default: the system default)")
+    source.add_argument("--device", metavar="NAME", action="append",
+                        help="input to caption: a name from --list-devices (a microphone, or a monitor: what the "
+                             "computer plays) or a PortAudio device index; twice or more to mix inputs, e.g. a "
+                             "microphone and a monitor for a meeting (default: the system default)")
     source.add_argument("--replay", type=Path, metavar="FILE", help="caption FILE as if it were being spoken")
+    source.add_argument("--list-devices", action="store_true", help="list the inputs --device takes, and exit")
     p.add_argument("--speed", type=float, default=1.0, metavar="X",
                    help="--replay pace: 1.0 real time (default), 0 as fast as decoding goes")
     p.add_argument("--json", action="store_true", help="one JSON object per event (partial, commit, metrics, error)")
@@ -518,21 +522,41 @@ def _add_live(subparsers: Any) -> None:
     p.set_defaults(run=_run_live, parser=p)
 
 
+def _list_devices() -> int:
+    """The inputs `--device` takes, one a line: name, then what it is; microphones first."""
+    from .live.capture import list_input_devices
+
+    devices = list_input_devices()  # a DeviceError (no PortAudio library) is main()'s one-line error
+    for d in devices:
+        notes = [n for n, on in (("system audio: what this computer plays", d.is_monitor), ("default", d.is_default)) if on]
+        print(f"{d.name}\t{d.label}" + (f" ({', '.join(notes)})" if notes else ""))
+    if not devices:
+        print("no input devices (no sound server or sound card answers)", file=sys.stderr)
+    return 0
+
+
 def _run_live(args: argparse.Namespace) -> int:
     """Prints captions as events arrive: committed text stays, tentative text is dimmed and rewritten
     (on a terminal); --json prints every event; the first Ctrl-C stops cleanly, a second one aborts."""
     import signal
     import threading
 
-    from .live.capture import MicrophoneSource, ReplaySource
+    from .live.capture import ReplaySource, list_input_devices, open_input
     from .live.journal import SessionJournal, prune_sessions
+    from .live.mix import MixSource
     from .live.streaming import Commit, Error, Metrics, Partial, StreamOptions, event_dict, live_events
     from .text.tokenizer import normalize_language
 
+    if args.list_devices:
+        return _list_devices()
     if args.replay is None and args.speed != 1.0:
         return _usage_error(args.parser, "--speed needs --replay")
-    device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
-    source = ReplaySource(args.replay, speed=args.speed) if args.replay else MicrophoneSource(device)
+    if args.replay:
+        source = ReplaySource(args.replay, speed=args.speed)
+    else:
+        devices = list_input_devices() if args.device else []
+        inputs = [open_input(name, devices) for name in args.device or [None]]
+        source = inputs[0] if len(inputs) == 1 else MixSource(inputs)
     try:
         options = StreamOptions(step_s=args.step, audio_ctx=args.audio_ctx,
                                 language=normalize_language(args.language), zh_script=args.zh_script)

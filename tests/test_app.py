@@ -323,6 +323,36 @@ def test_live_captions_from_the_virtual_microphone(virtual_mic, make_window, qtb
 
 
 @pytest.mark.audio
+def test_live_captions_of_a_meeting_mix_meter_each_input(virtual_mic, pulse_modules, make_window, qtbot, jfk_wav):
+    # A silent microphone (a null source) and what the computer plays (the harness's sink monitor), picked
+    # as one "microphone + system audio" input: JFK played into the sink is captioned, and each input has
+    # its own meter, the system one shown only while the mix runs.
+    pulse_modules.load("module-null-source", "source_name=aural_mic", 'description="Aural Mic"')
+    window = make_window(catalog=Catalog())
+    mix = "mix:aural_mic|vsink.monitor"
+    qtbot.waitUntil(lambda: mix in picker_items(window), timeout=SOURCE_S)
+    pick_input(window, mix)
+    levels = []
+    window.live.levels.connect(levels.append)
+    with qtbot.waitSignal(window.live.running_changed, timeout=5000):
+        qtbot.mouseClick(window.controls.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: bool(levels), timeout=10_000)
+    assert window.controls.system_meter.isVisible()
+    player = virtual_mic.play(jfk_wav, wait=False)
+    try:
+        qtbot.waitUntil(lambda: "country" in normalized(window.captions.committed_text()), timeout=FILE_S)
+    finally:
+        player.wait(30)
+    with qtbot.waitSignal(window.live.running_changed, timeout=FILE_S):
+        qtbot.keyClick(window, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)
+    assert max(level[0] for level in levels) == 0.0 and max(level[1] for level in levels) > 0.01
+    assert not window.controls.system_meter.isVisible()
+    words = normalized(window.captions.committed_text()).split()
+    assert sum(w in words for w in normalized(JFK_TEXT).split()) >= 0.8 * len(normalized(JFK_TEXT).split())
+    assert window.last_error == ""
+
+
+@pytest.mark.audio
 @pytest.mark.skipif(not {e.name: e for e in list_models()}["base"].installed, reason="needs 'aural[base]'")
 def test_live_captions_detect_each_utterances_language(virtual_mic, make_window, settings, qtbot, tmp_path):
     """Issue #24, bugs 1-3: "Detect automatically" with base, Mandarin then English through the microphone:
@@ -480,7 +510,10 @@ def test_the_input_picker_lists_the_servers_sources_and_follows_them(virtual_mic
     window.controls.set_running(True)  # as while captioning: a new list must not unlock the picker
     other = pulse_modules.load("module-null-source", "source_name=aural_other", 'description="Aural Other Source"')
     qtbot.waitUntil(lambda: "aural_other" in picker_items(window), timeout=SOURCE_S)
-    assert list(picker_items(window)) == ["aural_picked", "aural_other", "vsink.monitor"]  # microphones first
+    # Microphones first, then system audio, then the default microphone with each monitor, for meetings.
+    assert list(picker_items(window)) == ["aural_picked", "aural_other", "vsink.monitor", "mix:aural_picked|vsink.monitor"]
+    assert picker_items(window)["mix:aural_picked|vsink.monitor"] == \
+        "Aural Picked Source + Monitor of AuralVirtualMic (microphone + system audio)"
     assert combo.currentData() == "aural_picked" and not combo.isEnabled()
     window.controls.set_running(False)
 

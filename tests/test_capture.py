@@ -4,7 +4,9 @@ fixes its device list when it initialises."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,9 +19,11 @@ import pytest
 import soundfile as sf
 
 from audio_harness import VirtualMic, private_mic, pulse_modules  # noqa: F401 - fixtures
-from aural.engine.live.capture import (MicrophoneSource, ReplaySource, _capture_rate, list_input_devices,
+from aural.engine.live.capture import (MicrophoneSource, ReplaySource, _capture_rate, list_input_devices, open_input,
                                   parse_server_sources, portaudio_input_devices, server_sources)
+from aural.engine.audio import SAMPLE_RATE
 from aural.engine.errors import AudioError, DeviceError
+from aural.engine.live.mix import MixSource
 from aural.engine.live.streaming import Commit, Error, Metrics, live_events
 
 pytestmark = pytest.mark.audio
@@ -391,3 +395,147 @@ def test_a_device_without_16k_is_opened_at_its_native_rate():
             return {"name": "USB microphone", "default_samplerate": 48000.0}
 
     assert _capture_rate(NoSixteen(), None, 16000) == 48000
+
+
+# -- a mix of inputs: a microphone and what the computer plays ---------------------------------------
+
+
+def test_a_mix_is_the_sum_of_its_inputs_sample_for_sample(data_dir):
+    # Two replays as fast as read, of different lengths: every sample of each, in step from the first,
+    # the shorter one silent after its end.
+    speech, cards = data_dir / SPEECH, data_dir / "en_pocketsphinx_cards_001.wav"
+    a, b = (sf.read(wav, dtype="float32")[0] for wav in (speech, cards))
+    mix = MixSource([ReplaySource(speech, speed=0), ReplaySource(cards, speed=0)])
+    mixed, _ = read_all(mix)
+    expected = a.copy()
+    expected[:b.size] += b
+    np.testing.assert_array_equal(mixed, expected)
+    assert mix.silent_samples == [0, a.size - b.size] and mix.dropped_blocks == 0 and mix.error is None
+
+
+class Scripted:
+    """A source that hands out one scripted block per read (None: nothing arrived this time)."""
+
+    def __init__(self, blocks):
+        self.blocks = list(blocks)
+        self.dropped_blocks, self.error = 0, None
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    @property
+    def finished(self) -> bool:
+        return not self.blocks
+
+    def read(self, timeout_s: float = 0.1):
+        return self.blocks.pop(0) if self.blocks else None
+
+
+def test_a_late_input_counts_as_silent_for_what_it_owes_and_stays_in_step():
+    # The second input stalls for 1.2 s, then delivers all it owes at once (as an idle null sink's 2 s
+    # blocks do): the mix waits for it 0.5 s at most, then counts it silent, and drops as many of its
+    # late samples as were counted, so what follows is still in step with the first input.
+    block, skew = 1600, 8000
+    first = np.arange(1, 21 * block + 1, dtype=np.float32)
+    second = -np.arange(1, 21 * block + 1, dtype=np.float32)
+    script = [None] * 12 + [second[:13 * block]] + [second[13 * block + i * block:14 * block + i * block] for i in range(8)]
+    mix = MixSource([Scripted(np.split(first, 21)), Scripted(script)], max_skew_s=skew / SAMPLE_RATE)
+    out, held = [], []
+    while not mix.finished:
+        if (samples := mix.read()) is not None:
+            out.append(samples)
+        held.append(sum(o.size for o in out))
+    mixed = np.concatenate(out)
+    late = mix.silent_samples[1]
+    assert late == 7 * block  # 12 blocks stalled, 5 of them waited for
+    expected = first.copy()
+    expected[late:] += second[late:]  # the late samples were dropped, the rest lines up
+    np.testing.assert_array_equal(mixed, expected)
+    assert all(i * block - h <= skew for i, h in enumerate(held[:12], start=1))  # never held back past the skew
+
+
+def test_an_input_always_late_is_heard_later_with_nothing_dropped():
+    # The second input's latency is 1 s throughout (10 blocks), twice the skew: the mix cannot wait for it,
+    # and no burst ever runs ahead, so every one of its samples is heard, 0.5 s later than its time.
+    block, skew = 1600, 8000
+    first = np.arange(1, 21 * block + 1, dtype=np.float32)
+    second = -np.arange(1, 21 * block + 1, dtype=np.float32)
+    mix = MixSource([Scripted(np.split(first, 21)), Scripted([None] * 10 + np.split(second, 21))],
+                    max_skew_s=skew / SAMPLE_RATE)
+    mixed, _ = read_all(mix)
+    expected = np.zeros(26 * block, dtype=np.float32)
+    expected[:first.size] += first
+    expected[5 * block:] += second
+    np.testing.assert_array_equal(mixed, expected)
+    assert mix.silent_samples == [5 * block, 5 * block]
+
+
+def test_a_mix_that_cannot_open_one_input_stops_the_others(virtual_mic):
+    mic = MicrophoneSource()
+    with pytest.raises(DeviceError, match="aural_no_such_source"):
+        MixSource([mic, MicrophoneSource(server_source="aural_no_such_source")]).start()
+    assert mic.finished and mic._stream is None
+
+
+def test_a_meeting_mix_captions_what_the_computer_plays_with_a_meter_each(virtual_mic, second_sink, whisper_model,
+                                                                          injected_wav):
+    # The microphone (the harness's sink, fed digital silence) and the second sink's monitor (what the
+    # computer plays) mixed: the speech played into the second sink is captioned, and each input's level
+    # is its own: the microphone's stays at zero.
+    devices = list_input_devices()
+    system = open_input(f"{second_sink}.monitor", devices)
+    mix = MixSource([open_input("vsink.monitor", devices), system])
+    assert system.server_source == f"{second_sink}.monitor"
+    live = Captioning(whisper_model, mix)
+    live.wait_for(live.listening, 30)
+    peaks = [0.0, 0.0]
+    player = virtual_mic.play(injected_wav, sink=second_sink, wait=False)
+    while player.poll() is None:
+        peaks = [max(p, level) for p, level in zip(peaks, mix.levels)]
+        time.sleep(0.05)
+    live.stop.set()
+    assert live.ended_within(SLOW_S)
+    heard = words(live.text())
+    assert sum(w in heard for w in words(BIRCH_CANOE)) >= 6, (heard, peaks, mix.silent_samples)
+    assert peaks[0] == 0.0 and peaks[1] > 0.01, peaks
+    assert mix.dropped_blocks == 0 and not any(isinstance(e, Error) for e in live.events)
+
+
+def test_the_live_command_lists_monitors_and_captions_a_mix(virtual_mic, second_sink, injected_wav):
+    listed = subprocess.run([sys.executable, "-m", "aural.engine.cli", "live", "--list-devices"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert f"{second_sink}.monitor\tMonitor of Aural Second Sink (system audio: what this computer plays)" \
+        in listed.stdout.splitlines()
+    proc = subprocess.Popen([sys.executable, "-m", "aural.engine.cli", "live", "--threads", "1", "--json",
+                             "--device", "vsink.monitor", "--device", f"{second_sink}.monitor"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    speaking = threading.Event()
+
+    def speak():  # again and again until captioned: the command's start-up time is not known
+        while not speaking.is_set():
+            virtual_mic.play(injected_wav, sink=second_sink)
+            speaking.wait(2.0)
+
+    speaker = threading.Thread(target=speak, daemon=True)
+    speaker.start()
+    try:
+        heard: list[str] = []
+        deadline = time.monotonic() + SLOW_S
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["type"] == "commit":
+                heard += words(event["text"])
+            if sum(w in heard for w in words(BIRCH_CANOE)) >= 6 or time.monotonic() > deadline:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        speaking.set()
+        proc.kill()
+    assert sum(w in heard for w in words(BIRCH_CANOE)) >= 6, heard
+    assert proc.returncode == 0, err
+    assert "0 dropped blocks" in err

@@ -7,7 +7,9 @@ Runs `python -m aural.app` three times under Xvfb (QT_QPA_PLATFORM=xcb, a privat
 2. two files queued from the command line, shot once the first is transcribed and the second is running;
 3. run 1 again with the caption window open (`--caption-window`), which is shot instead.
 Then 4. the Models dialog mid-download, in this process on Qt's offscreen platform (no Xvfb needed): tiny.en
-exported to a whisper.cpp file and served slowly by tests/model_mirror.py on loopback, into a scratch cache.
+exported to a whisper.cpp file and served slowly by tests/model_mirror.py on loopback, into a scratch cache;
+5. the input picker open, offscreen too, listing a private PulseAudio daemon's sources (tests/audio_harness.py:
+a microphone source and the monitors of two outputs, named as a laptop's are) with pactl, as the app does.
 Prints launch -> window shown (polled with xwininfo) and Start -> first partial (the app's own log line,
 timed from the moment captioning could begin, i.e. after the model loaded). Needs Xvfb, xwininfo and
 ImageMagick's `import` (tools/sysdeps.sh installs them).
@@ -38,7 +40,15 @@ FIRST_PARTIAL = re.compile(r"first partial ([\d.]+) s after Start")
 TRANSCRIBED = re.compile(r"transcribed [\d.]+ s in [\d.]+ s")
 MIRROR_MODEL = "mirror-tiny.en"  # the mirror's catalog names tiny.en's export so: it is not the built-in tiny.en
 MODELS_SHOT_AT = 0.4  # the fraction downloaded when the Models dialog is shot
-SCENES = ("live", "files", "captions", "models")
+SCENES = ("live", "files", "captions", "models", "picker")
+# The picker scene's sound server: a microphone and two outputs, described as a laptop's sound card names them.
+PICKER_MODULES = (
+    ("module-null-source", "source_name=alsa_input.usb-046d_HD_Webcam_C615-02.mono-fallback",
+     'description="HD Webcam C615 Mono"'),
+    ("module-null-sink", "sink_name=alsa_output.pci-0000_00_1f.3.analog-stereo",
+     "sink_properties=\"device.description='Built-in Audio Analog Stereo'\""),
+    ("module-null-sink", "sink_name=bluez_output.headset", "sink_properties=\"device.description='WH-1000XM4'\""),
+)
 
 
 class Display:
@@ -226,6 +236,42 @@ def shoot_models(out: Path, config: Path) -> dict[str, float]:
     return {"models: Download -> 40% of 74 MiB at ~6 MiB/s, s": shot_s}
 
 
+def shoot_picker(out: Path) -> dict[str, float]:
+    """The control bar's input picker, opened, over a private PulseAudio daemon's real sources."""
+    os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    sys.path.insert(0, str(REPO / "tests"))
+    from audio_harness import VirtualMic
+
+    mic = VirtualMic().start()
+    try:
+        for module in PICKER_MODULES:
+            mic.pactl("load-module", *module)
+        os.environ["PULSE_SERVER"] = mic.server
+        from PySide6.QtWidgets import QApplication
+
+        from aural.app.theme import apply_theme
+        from aural.app.widgets.controls import ControlBar
+        from aural.engine.live.capture import list_input_devices
+
+        app = QApplication.instance() or QApplication(["aural"])
+        apply_theme(app)
+        started = time.monotonic()
+        devices = [d for d in list_input_devices() if d.name != "vsink.monitor"]  # the harness's own sink
+        listed_s = time.monotonic() - started
+        bar = ControlBar()
+        bar.set_devices(devices, "")
+        bar.resize(900, bar.sizeHint().height())
+        bar.show()
+        bar.device_combo.showPopup()
+        app.processEvents()
+        popup = bar.device_combo.view().window()
+        popup.grab().save(str(out / "input-picker.png"), "PNG")
+        bar.device_combo.hidePopup()
+    finally:
+        mic.stop()
+    return {"picker: pactl listing of the sources, s": listed_s}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
@@ -235,14 +281,14 @@ def main() -> int:
     scenes = set(args.scenes.split(","))
     if not scenes <= set(SCENES):
         parser.error(f"--scenes takes {', '.join(SCENES)}")
-    for tool in ("Xvfb", "xdpyinfo", "xwininfo", "import") if scenes - {"models"} else ():
+    for tool in ("Xvfb", "xdpyinfo", "xwininfo", "import") if scenes - {"models", "picker"} else ():
         if shutil.which(tool) is None:
             print(f"screenshots: {tool} not found; run tools/sysdeps.sh", file=sys.stderr)
             return 1
     args.out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="aural-shots-") as config:
-        if scenes - {"models"}:
+        if scenes - {"models", "picker"}:
             with Display(args.display) as display:
                 if "live" in scenes:
                     timings |= shoot_live(display, args.out, Path(config))
@@ -252,6 +298,8 @@ def main() -> int:
                     timings |= shoot_live(display, args.out, Path(config), caption_window=True)
         if "models" in scenes:
             timings |= shoot_models(args.out, Path(config))
+        if "picker" in scenes:
+            timings |= shoot_picker(args.out)
     for label, seconds in timings.items():
         print(f"{label:<52} {seconds:6.2f}")
     print(f"screenshots in {args.out}: " + ", ".join(sorted(p.name for p in args.out.glob("*.png"))))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import QComboBox, QGridLayout, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
+from aural.engine.live.mix import mix_name
 from aural.engine.text.tokenizer import LANGUAGES
 
 from .level_meter import LevelMeter
@@ -54,6 +55,10 @@ class ControlBar(QWidget):
         self.refresh_devices_button.clicked.connect(self.refresh_devices_requested)
         self._running = False
         self.level_meter = LevelMeter()
+        # A mix's second input (system audio) has a meter of its own, shown while a mix runs.
+        self.system_meter = LevelMeter()
+        self.system_meter.setToolTip("System audio level (dBFS): what this computer plays")
+        self.system_meter.hide()
         self.model_combo = self._combo("Model (loaded once, shared by live captions and files)", 18,
                                        lambda: self.model_changed.emit(self.model_combo.currentData()))
         self.manage_models_button = QToolButton()
@@ -89,7 +94,11 @@ class ControlBar(QWidget):
             caption.setObjectName("fieldLabel")
             grid.addWidget(caption, 0, column)
             grid.addWidget(widget, 1, column)
-        grid.addWidget(self.level_meter, 2, 1)
+        meters = QHBoxLayout()
+        meters.setSpacing(4)
+        meters.addWidget(self.level_meter)
+        meters.addWidget(self.system_meter)
+        grid.addLayout(meters, 2, 1)
         for column, stretch in ((1, 3), (2, 3), (3, 2)):
             grid.setColumnStretch(column, stretch)
 
@@ -124,6 +133,7 @@ class ControlBar(QWidget):
             if device.is_monitor:
                 self.device_combo.setItemData(self.device_combo.count() - 1, "What this computer plays (the "
                                               "monitor of an output)", Qt.ItemDataRole.ToolTipRole)
+        self._add_mixes(devices)
         if not devices:
             self.device_combo.addItem("No input device found", "")
         else:
@@ -131,6 +141,16 @@ class ControlBar(QWidget):
             index = self.device_combo.findData(selected)
             self.device_combo.setCurrentIndex(index if index >= 0 else self.device_combo.findData(default))
         self._enable_devices()
+
+    def _add_mixes(self, devices: list) -> None:
+        """For meetings: the default microphone with each output's monitor, summed (`mix.MixSource`)."""
+        mics = [d for d in devices if not d.is_monitor]
+        mic = next((d for d in mics if d.is_default), mics[0] if mics else None)
+        for monitor in (d for d in devices if d.is_monitor) if mic else ():
+            self.device_combo.addItem(f"{mic.label} + {monitor.label} (microphone + system audio)",
+                                      mix_name([mic.name, monitor.name]))
+            self.device_combo.setItemData(self.device_combo.count() - 1, "A meeting: your voice and what this "
+                                          "computer plays, captioned together", Qt.ItemDataRole.ToolTipRole)
 
     def _enable_devices(self) -> None:
         """The picker takes a choice while live captioning is stopped and there is something to choose."""
@@ -174,3 +194,14 @@ class ControlBar(QWidget):
         self._enable_devices()
         if not running:
             self.level_meter.reset()
+            self.level_meter.setToolTip("Input level (dBFS)")
+            self.system_meter.reset()
+            self.system_meter.hide()
+
+    @Slot(list)
+    def set_input_levels(self, levels: list) -> None:
+        """A mix's levels: the microphone's on the input meter, the system audio's on a meter of its own."""
+        self.level_meter.setToolTip("Microphone level (dBFS)")
+        self.level_meter.set_level(levels[0])
+        self.system_meter.show()
+        self.system_meter.set_level(max(levels[1:]))

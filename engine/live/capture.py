@@ -36,7 +36,7 @@ import numpy as np
 from ..audio import SAMPLE_RATE, Resampler16k, stream_audio
 from ..errors import AudioError, DeviceError
 
-__all__ = ["CLOSER_THREAD", "InputDevice", "PACTL_INFO", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource",
+__all__ = ["CLOSER_THREAD", "InputDevice", "PACTL_INFO", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource", "open_input",
            "ReplaySource", "parse_server_sources", "portaudio_input_devices", "server_sources"]
 
 logger = logging.getLogger(__name__)
@@ -110,6 +110,21 @@ def list_input_devices(pactl: str = "pactl") -> list[InputDevice]:
     except DeviceError as exc:
         logger.info("listing PortAudio's inputs instead of the sound server's sources: %s", exc)
         return portaudio_input_devices()
+
+
+def open_input(name: str | None, devices: list[InputDevice] | None = None) -> "MicrophoneSource":
+    """A source for the input called `name`: a sound server's source ("alsa_input.usb-...", a monitor) or
+    a PortAudio device's name or index; the system default for None or "". `devices` is the list to look
+    the name up in (default: `list_input_devices()`, which runs pactl). A name found in neither is handed
+    to PortAudio, which matches a part of a device's name or fails at start() with a DeviceError."""
+    if not name:
+        return MicrophoneSource()
+    device = next((d for d in (list_input_devices() if devices is None else devices) if d.name == name), None)
+    if device is None:
+        return MicrophoneSource(int(name) if name.isdigit() else name)
+    if device.is_server_source:
+        return MicrophoneSource(server_source=device.name)
+    return MicrophoneSource(device=device.index)
 
 
 def portaudio_input_devices() -> list[InputDevice]:
