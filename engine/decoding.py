@@ -37,6 +37,7 @@ __all__ = [
     "REPEATED_SEGMENTS",
     "suppress_blank",
     "suppress_tokens",
+    "too_repetitive",
 ]
 
 logger = logging.getLogger(__name__)
@@ -388,6 +389,16 @@ def repeated_segments(tokens: Sequence[int], timestamp_begin: int) -> int:
             run = run + 1 if current == previous else 1
             longest, previous, piece = max(longest, run), current, []
     return longest
+
+
+def too_repetitive(result: DecodingResult, timestamp_begin: int, compression_ratio_threshold: float | None,
+                   repeated_segments_threshold: int | None) -> bool:
+    """Whether `result` is a repetition loop: its text compresses better than compression_ratio_threshold,
+    or one segment follows itself repeated_segments_threshold times in a row (None turns a check off)."""
+    if compression_ratio_threshold is not None and result.compression_ratio > compression_ratio_threshold:
+        return True
+    return (repeated_segments_threshold is not None
+            and repeated_segments(result.tokens, timestamp_begin) >= repeated_segments_threshold)
 
 
 def _result(pre: _Prefill, tokens: list[int], sum_logprob: float, options: DecodingOptions,

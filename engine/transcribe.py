@@ -32,7 +32,8 @@ import numpy as np
 from . import audio
 from .alignment import window_words
 from .cancel import interrupt_on_stop
-from .decoding import REPEATED_SEGMENTS, DecodingOptions, DecodingResult, decode_window, detect_language, repeated_segments
+from .decoding import (REPEATED_SEGMENTS, DecodingOptions, DecodingResult, decode_window, detect_language,
+                       too_repetitive)
 from .errors import AudioError
 from .features import AUDIO_CTX_MODES, HOP_LENGTH, N_FRAMES, N_SAMPLES, context_frames, window_mel
 from .metrics import Timings, TokenTimer
@@ -403,10 +404,8 @@ def skips_speech(tokens: Sequence[int], timestamp_begin: int, speech_s: Callable
 
 
 def _too_repetitive(result: DecodingResult, options: TranscribeOptions, timestamp_begin: int) -> bool:
-    if options.compression_ratio_threshold is not None and result.compression_ratio > options.compression_ratio_threshold:
-        return True
-    return (options.repeated_segments_threshold is not None
-            and repeated_segments(result.tokens, timestamp_begin) >= options.repeated_segments_threshold)
+    return too_repetitive(result, timestamp_begin, options.compression_ratio_threshold,
+                          options.repeated_segments_threshold)
 
 
 def _needs_fallback(result: DecodingResult, options: TranscribeOptions, timestamp_begin: int) -> bool:

@@ -14,14 +14,13 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine.audio import load_audio
 from aural.engine.features import N_FRAMES, N_SAMPLES, SAMPLE_RATE
-from aural.engine.decoding import DecodingResult
+from aural.engine.decoding import DecodingResult, repeated_segments
 from aural.engine import transcribe as transcribe_module
 from aural.engine.transcribe import (
     Segment,
     TranscribeOptions,
     _is_silence,
     _needs_fallback,
-    repeated_segments,
     skips_speech,
     _RollingAudio,
     decoding_options,

@@ -49,7 +49,8 @@ from typing import Iterator, Sequence, Union
 
 import numpy as np
 
-from ..decoding import REPEATED_SEGMENTS, DecodingOptions, DecodingResult, decode_window, detect_language, repeated_segments
+from ..decoding import (REPEATED_SEGMENTS, DecodingOptions, DecodingResult, decode_window, detect_language,
+                        too_repetitive)
 from ..errors import AuralError
 from ..features import AUDIO_CTX_MODES, N_SAMPLES, context_frames, window_mel
 from ..metrics import TokenTimer, peak_rss_mb
@@ -590,9 +591,8 @@ class _Stream:
         """Silence by Whisper's own judgement, or a repetition loop (ref: openai-whisper transcribe.py)."""
         o = self.options
         silence = result.no_speech_prob > o.no_speech_threshold and result.avg_logprob < o.logprob_threshold
-        loop = result.compression_ratio > o.compression_ratio_threshold or (
-            o.repeated_segments_threshold is not None
-            and repeated_segments(result.tokens, self.model.tokenizer.timestamp_begin) >= o.repeated_segments_threshold)
+        loop = too_repetitive(result, self.model.tokenizer.timestamp_begin, o.compression_ratio_threshold,
+                              o.repeated_segments_threshold)
         if silence or loop:
             logger.debug("hypothesis rejected (no_speech %.2f, logprob %.2f, compression %.2f): %r",
                          result.no_speech_prob, result.avg_logprob, result.compression_ratio, result.text)
