@@ -2,9 +2,8 @@
 
 The window must already be encoded (`Context.encode`). The decoder state lives in the native KV
 arena: the first call feeds the whole initial sequence at n_past=0, then one token per call. The
-logit filters run in NumPy on each (n_vocab,) row of a step and the top-k log-softmax natively
-(`aural._native.top_logprobs`), following
-openai-whisper decoding.py (DecodingTask, GreedyDecoder, SuppressBlank, SuppressTokens,
+logit filters and the top-k log-softmax of each step's rows run natively (`aural._native.LogitRules`),
+following openai-whisper decoding.py (DecodingTask, GreedyDecoder, SuppressBlank, SuppressTokens,
 ApplyTimestampRules) rule for rule.
 """
 
@@ -15,19 +14,20 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .metrics import TokenTimer
 from .text.tokenizer import TIME_PRECISION, WhisperTokenizer
 
+if TYPE_CHECKING:
+    from aural._native import LogitRules
+
 __all__ = [
     "DecodingOptions",
     "DecodingResult",
-    "LogitFilter",
-    "apply_timestamp_rules",
-    "build_logit_filters",
+    "build_logit_rules",
     "compression_ratio",
     "decode_window",
     "detect_language",
@@ -35,15 +35,10 @@ __all__ = [
     "is_looping",
     "repeated_segments",
     "REPEATED_SEGMENTS",
-    "suppress_blank",
-    "suppress_tokens",
     "too_repetitive",
 ]
 
 logger = logging.getLogger(__name__)
-
-# A filter masks one step's logits in place, given the tokens sampled so far in this window.
-LogitFilter = Callable[[np.ndarray, Sequence[int]], None]
 
 
 @dataclass(frozen=True)
@@ -136,90 +131,35 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.sum(np.exp(shifted)))
 
 
-def _logsumexp(x: np.ndarray) -> float:
-    top = np.max(x) if x.size else -np.inf
-    if not np.isfinite(top):
-        return float(top)
-    return float(top + np.log(np.sum(np.exp(x - top))))
-
-
 # -- logit filters ---------------------------------------------------------------------------------
 
 
-def suppress_blank(tokenizer: WhisperTokenizer) -> LogitFilter:
-    """At the first sampled position, forbid the space token and end of text so that a window never
-    opens blank (ref: openai-whisper decoding.py SuppressBlank)."""
-    blank = [*tokenizer.encode(" "), tokenizer.eot]
+def build_logit_rules(tokenizer: WhisperTokenizer, options: DecodingOptions, n_vocab: int) -> "LogitRules":
+    """The logit filters of `options` for rows of n_vocab logits, applied natively in openai-whisper's
+    order (native/logits.h):
 
-    def apply(logits: np.ndarray, sampled: Sequence[int]) -> None:
-        if not sampled:
-            logits[blank] = -np.inf
-
-    return apply
-
-
-def suppress_tokens(ids: Sequence[int]) -> LogitFilter:
-    """Forbid the given ids at every step (ref: openai-whisper decoding.py SuppressTokens)."""
-    index = np.asarray(ids, dtype=np.int64)
-
-    def apply(logits: np.ndarray, sampled: Sequence[int]) -> None:
-        logits[index] = -np.inf
-
-    return apply
-
-
-def apply_timestamp_rules(tokenizer: WhisperTokenizer, max_initial_timestamp_index: int | None) -> LogitFilter:
-    """Whisper's timestamp grammar (ref: openai-whisper decoding.py ApplyTimestampRules).
-
-    - <|notimestamps|> is never sampled (without_timestamps is done by the prompt instead).
-    - Timestamps come in pairs: after a lone timestamp only another timestamp or end of text may
-      follow; after a pair, only text.
-    - Timestamps never decrease, and a segment after a pair must be longer than zero.
-    - The first sampled token is a timestamp, no later than max_initial_timestamp_index.
-    - When the timestamps together are more probable than the best text token, sample a timestamp.
+    - suppress_blank: the first sampled token is neither a space nor end of text, so that a window never
+      opens blank (ref: SuppressBlank).
+    - suppress_tokens: those ids are never sampled (ref: SuppressTokens).
+    - timestamps (unless without_timestamps): <|notimestamps|> is never sampled; timestamps come in pairs
+      (after a lone one only a timestamp or end of text, after a pair only text), never decrease, and a
+      segment after a pair is longer than zero; the first token is a timestamp no later than
+      max_initial_timestamp; when the timestamps together are likelier than the best text token, a
+      timestamp is sampled (ref: ApplyTimestampRules).
     """
-    ts_begin, eot = tokenizer.timestamp_begin, tokenizer.eot
-    no_timestamps = tokenizer.no_timestamps
+    from aural._native import LogitRules
 
-    def apply(logits: np.ndarray, sampled: Sequence[int]) -> None:
-        logits[no_timestamps] = -np.inf
-        last_was_ts = len(sampled) >= 1 and sampled[-1] >= ts_begin
-        penultimate_was_ts = len(sampled) < 2 or sampled[-2] >= ts_begin
-        if last_was_ts:
-            if penultimate_was_ts:
-                logits[ts_begin:] = -np.inf  # a pair just closed: text must follow
-            else:
-                logits[:eot] = -np.inf  # a lone timestamp: close the pair or end
-        stamps = [t for t in sampled if t >= ts_begin]
-        if stamps:
-            # A lone timestamp may be repeated to close the pair; otherwise strictly later.
-            floor = stamps[-1] if last_was_ts and not penultimate_was_ts else stamps[-1] + 1
-            logits[ts_begin:floor] = -np.inf
-        if not sampled:
-            logits[:ts_begin] = -np.inf
-            if max_initial_timestamp_index is not None:
-                logits[ts_begin + max_initial_timestamp_index + 1:] = -np.inf
-        # Compared in log-probabilities in the reference; the softmax normaliser cancels on both sides,
-        # so raw logits give the same answer without a second pass over the vocabulary.
-        if _logsumexp(logits[ts_begin:].astype(np.float64)) > np.max(logits[:ts_begin]):
-            logits[:ts_begin] = -np.inf
-
-    return apply
-
-
-def build_logit_filters(tokenizer: WhisperTokenizer, options: DecodingOptions) -> list[LogitFilter]:
-    """The filters of `options`, in openai-whisper's order: blank, suppressed ids, timestamps."""
-    filters: list[LogitFilter] = []
-    if options.suppress_blank:
-        filters.append(suppress_blank(tokenizer))
-    if options.suppress_tokens:
-        filters.append(suppress_tokens(tokenizer.suppress_tokens(options.suppress_tokens)))
-    if not options.without_timestamps:
-        index = None
-        if options.max_initial_timestamp:
-            index = round(options.max_initial_timestamp / TIME_PRECISION)
-        filters.append(apply_timestamp_rules(tokenizer, index))
-    return filters
+    index = -1
+    if not options.without_timestamps and options.max_initial_timestamp:
+        index = round(options.max_initial_timestamp / TIME_PRECISION)
+    return LogitRules(
+        n_vocab=n_vocab,
+        blank=[*tokenizer.encode(" "), tokenizer.eot] if options.suppress_blank else [],
+        suppressed=list(tokenizer.suppress_tokens(options.suppress_tokens)) if options.suppress_tokens else [],
+        timestamps=not options.without_timestamps,
+        eot=tokenizer.eot, timestamp_begin=tokenizer.timestamp_begin, no_timestamps=tokenizer.no_timestamps,
+        max_initial_timestamp=index,
+    )
 
 
 # -- the prompt ------------------------------------------------------------------------------------
@@ -275,22 +215,16 @@ def _top_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, n
     return top_logprobs(logits, k)
 
 
-def _filtered(row: np.ndarray, sampled: Sequence[int], filters: list[LogitFilter]) -> np.ndarray:
-    logits = np.array(row, dtype=np.float32)
-    for apply in filters:
-        apply(logits, sampled)
-    return logits
-
-
-def _step(row: np.ndarray, sampled: list[int], filters: list[LogitFilter], sampler: _Sampler) -> tuple[int, float]:
+def _step(row: np.ndarray, sampled: list[int], rules: "LogitRules", sampler: _Sampler) -> tuple[int, float]:
     """Filters one step's logits, picks the token, returns it with its log-probability under the
     filtered, untempered logits (ref: openai-whisper decoding.py GreedyDecoder.update). At temperature 0
     the pick is the top-1 of the native pass (ties to the lower id, as np.argmax)."""
-    logits = _filtered(row, sampled, filters)
-    ids, logprobs, log_norm = _top_logprobs(logits, 1)
     if sampler.rng is None:
-        return int(ids[0]), float(logprobs[0])
+        ids, logprobs, _ = rules.top_logprobs(row[None, :], [sampled], 1)
+        return int(ids[0, 0]), float(logprobs[0, 0])
+    logits = rules.apply(row, sampled)
     token = sampler.pick(logits)
+    _, _, log_norm = _top_logprobs(logits, 1)
     return token, float(logits[token]) - float(log_norm)
 
 
@@ -312,7 +246,7 @@ class _Prefill:
     """The window's initial sequence, decoded once: what every decoding strategy starts from."""
 
     tokenizer: WhisperTokenizer
-    filters: list[LogitFilter]
+    rules: "LogitRules"
     row: np.ndarray          # logits after the last initial token, (n_vocab,)
     no_speech_prob: float
     n_past: int              # positions decoded: the next token goes here
@@ -333,7 +267,7 @@ def _prefill(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_text_
     timer.add_call(ctx.last_timings)
     return _Prefill(
         tokenizer=tokenizer,
-        filters=build_logit_filters(tokenizer, options),
+        rules=build_logit_rules(tokenizer, options, logits.shape[-1]),
         row=logits[-1],
         no_speech_prob=_no_speech_prob(logits[rows.index(sot_index)], tokenizer),
         n_past=len(initial),
@@ -454,7 +388,7 @@ def _decode_greedy(ctx, pre: _Prefill, options: DecodingOptions, stop: threading
             pre.timer.add_call(ctx.last_timings)
             n_past += 1
         start = time.perf_counter()
-        token, logprob = _step(row, sampled, pre.filters, sampler)
+        token, logprob = _step(row, sampled, pre.rules, sampler)
         pre.timer.add_sampling(time.perf_counter() - start)
         sum_logprob += logprob
         if token == pre.tokenizer.eot:
@@ -490,7 +424,7 @@ def _decode_beams(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.
     ctx.reorder([0] * n_beams)  # every beam continues the shared initial sequence
     beams: list[list[int]] = [[]]  # the first step has one distinct beam (its logits row is shared)
     scores = [0.0]
-    rows = [pre.row]
+    rows = pre.row[None, :]
     finished: dict[tuple[int, ...], float] = {}
     n_past = pre.n_past
     for _ in range(pre.sample_len):
@@ -498,10 +432,8 @@ def _decode_beams(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.
             break
         start = time.perf_counter()
         candidates: dict[tuple[int, ...], tuple[float, int]] = {}
-        # Each beam's k = beams + 1 best tokens after its filters: one native pass per row (no whole-
-        # vocabulary log-softmax; numpy's argpartition took 1.2 ms a row, 6 ms on rows of mostly -inf).
-        filtered = np.stack([_filtered(row, prefix, pre.filters) for prefix, row in zip(beams, rows)])
-        best_ids, best_logprobs, _ = _top_logprobs(filtered, n_beams + 1)
+        # Each beam's k = beams + 1 best tokens after its filters: one native call for all rows.
+        best_ids, best_logprobs, _ = pre.rules.top_logprobs(rows, beams, n_beams + 1)
         for j, prefix in enumerate(beams):
             for token, logprob in zip(best_ids[j].tolist(), best_logprobs[j].tolist()):
                 seq = (*prefix, token)
@@ -528,7 +460,7 @@ def _decode_beams(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.
         ctx.reorder([parent for _, _, parent in kept])
         tokens = np.asarray([seq[-1] for seq in beams], dtype=np.int32)
         lanes = list(range(len(beams)))
-        rows = list(ctx.decode(tokens, n_past, lanes, lanes))
+        rows = ctx.decode(tokens, n_past, lanes, lanes)
         pre.timer.add_call(ctx.last_timings)
         n_past += 1
     # Too few finished: the live beams count as finished (ref: BeamSearchDecoder.finalize).
@@ -560,7 +492,7 @@ def _decode_best_of(ctx, pre: _Prefill, options: DecodingOptions, stop: threadin
         for j in range(n):
             if done[j]:
                 continue
-            token, logprob = _step(rows[j], samples[j], pre.filters, sampler)
+            token, logprob = _step(rows[j], samples[j], pre.rules, sampler)
             sums[j] += logprob
             if token == eot or is_looping(samples[j] + [token]):
                 done[j] = True

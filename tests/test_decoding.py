@@ -8,20 +8,18 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from whisper_normalizer.english import EnglishTextNormalizer
 
+from aural import _native
 from aural.engine.audio import load_audio
 from aural.engine.models import store as models
 from aural.engine.decoding import (
     DecodingOptions,
-    apply_timestamp_rules,
-    build_logit_filters,
+    build_logit_rules,
     compression_ratio,
     LOOP_SPAN,
     decode_window,
     is_looping,
     detect_language,
     initial_tokens,
-    suppress_blank,
-    suppress_tokens,
 )
 from aural.engine.features import N_SAMPLES, log_mel_spectrogram
 from aural.engine.text.tokenizer import WhisperTokenizer
@@ -44,28 +42,40 @@ def allowed(logits: np.ndarray) -> np.ndarray:
     return np.isfinite(logits)
 
 
+def rules(tok, *, blank=False, suppressed=(), cap=None, timestamps=True) -> _native.LogitRules:
+    return _native.LogitRules(n_vocab=N_VOCAB, blank=[220, tok.eot] if blank else [], suppressed=list(suppressed),
+                              timestamps=timestamps, eot=tok.eot, timestamp_begin=tok.timestamp_begin,
+                              no_timestamps=tok.no_timestamps, max_initial_timestamp=-1 if cap is None else cap)
+
+
 # -- SuppressBlank / SuppressTokens ----------------------------------------------------------------
 
 
 def test_suppress_blank_only_at_the_first_sampled_position(tok):
-    rule = suppress_blank(tok)
-    first = flat()
-    rule(first, [])
+    rule = rules(tok, blank=True, timestamps=False)
+    first = rule.apply(flat(), [])
     assert not allowed(first)[[220, tok.eot]].any()
     assert allowed(first).sum() == N_VOCAB - 2
-    later = flat()
-    rule(later, [tok.timestamp_begin])
+    later = rule.apply(flat(), [tok.timestamp_begin])
     assert allowed(later).all()
 
 
 def test_suppress_tokens_every_step(tok):
     ids = tok.suppress_tokens("-1")
-    rule = suppress_tokens(ids)
+    rule = rules(tok, suppressed=ids, timestamps=False)
     for sampled in ([], [tok.timestamp_begin, 400]):
-        logits = flat()
-        rule(logits, sampled)
+        logits = rule.apply(flat(), sampled)
         assert not allowed(logits)[list(ids)].any()
         assert allowed(logits).sum() == N_VOCAB - len(ids)
+
+
+def test_rules_reject_ids_outside_the_vocabulary_and_rows_of_another_size(tok):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        rules(tok, suppressed=[N_VOCAB])
+    with pytest.raises(ValueError, match="n_vocab"):
+        rules(tok).apply(np.zeros(N_VOCAB - 1, dtype=np.float32), [])
+    with pytest.raises(ValueError, match="one list"):
+        rules(tok).top_logprobs(np.zeros((2, N_VOCAB), dtype=np.float32), [[]], 1)
 
 
 # -- ApplyTimestampRules ---------------------------------------------------------------------------
@@ -77,30 +87,24 @@ def ts(tok):
 
 
 def test_first_token_is_a_timestamp_within_the_initial_cap(tok, ts):
-    logits = flat()
-    apply_timestamp_rules(tok, 50)(logits, [])
-    ok = allowed(logits)
+    ok = allowed(rules(tok, cap=50).apply(flat(), []))
     assert not ok[:ts].any()  # no text, no end of text
     assert ok[ts:ts + 51].all()  # <|0.00|> .. <|1.00|>
     assert not ok[ts + 51:].any()  # nothing later than max_initial_timestamp
-    uncapped = flat()
-    apply_timestamp_rules(tok, None)(uncapped, [])
-    assert allowed(uncapped)[ts:].all()
+    assert allowed(rules(tok).apply(flat(), []))[ts:].all()
 
 
 def test_notimestamps_is_never_sampled(tok, ts):
     logits = flat()
     logits[tok.no_timestamps] = 100.0
-    apply_timestamp_rules(tok, None)(logits, [ts, 400])
-    assert not allowed(logits)[tok.no_timestamps]
+    assert not allowed(rules(tok).apply(logits, [ts, 400]))[tok.no_timestamps]
 
 
 def test_after_a_single_timestamp_text_is_suppressed(tok, ts):
     logits = flat()
     logits[400] = 50.0  # a very likely text token must still lose
     logits[tok.eot] = 20.0  # likelier than all timestamps together, so it survives the mass rule
-    apply_timestamp_rules(tok, 50)(logits, [ts, 400, 401, ts + 30])
-    ok = allowed(logits)
+    ok = allowed(rules(tok, cap=50).apply(logits, [ts, 400, 401, ts + 30]))
     assert not ok[:tok.eot].any()
     assert ok[tok.eot]  # the window may end after the closing timestamp
     assert ok[ts + 30]  # the pair may close on the same time
@@ -108,9 +112,7 @@ def test_after_a_single_timestamp_text_is_suppressed(tok, ts):
 
 
 def test_after_a_timestamp_pair_text_must_follow(tok, ts):
-    logits = flat()
-    apply_timestamp_rules(tok, 50)(logits, [ts, 400, ts + 30, ts + 30])
-    ok = allowed(logits)
+    ok = allowed(rules(tok, cap=50).apply(flat(), [ts, 400, ts + 30, ts + 30]))
     assert not ok[ts:].any()
     assert ok[400]
 
@@ -118,8 +120,7 @@ def test_after_a_timestamp_pair_text_must_follow(tok, ts):
 def test_timestamps_never_decrease_and_segments_have_length(tok, ts):
     logits = flat()
     logits[400] = 20.0  # likelier than all timestamps together, so text stays allowed
-    apply_timestamp_rules(tok, 50)(logits, [ts + 10, 400, 401])
-    ok = allowed(logits)
+    ok = allowed(rules(tok, cap=50).apply(logits, [ts + 10, 400, 401]))
     assert not ok[ts:ts + 11].any()  # <= the last timestamp: a zero-length or backwards segment
     assert ok[ts + 11:].all()
     assert ok[400]
@@ -130,27 +131,100 @@ def test_timestamp_mass_beats_the_best_text_token(tok, ts):
     logits = np.full(N_VOCAB, -10.0, dtype=np.float32)
     logits[500] = 2.0  # best single token is text ...
     logits[ts + 10:ts + 60] = 0.0  # ... but 50 timestamps at e^0 outweigh e^2 together
-    apply_timestamp_rules(tok, None)(logits, sampled)
-    assert not allowed(logits)[:ts].any()
-    assert allowed(logits)[ts + 10]
+    filtered = rules(tok).apply(logits, sampled)
+    assert not allowed(filtered)[:ts].any()
+    assert allowed(filtered)[ts + 10]
     # With the text token clearly ahead, text stays allowed.
     logits = np.full(N_VOCAB, -10.0, dtype=np.float32)
     logits[500] = 6.0
     logits[ts + 10:ts + 60] = 0.0
-    apply_timestamp_rules(tok, None)(logits, sampled)
-    assert allowed(logits)[500]
+    assert allowed(rules(tok).apply(logits, sampled))[500]
 
 
-def test_filter_order_and_options(tok):
-    default = build_logit_filters(tok, DecodingOptions())
-    assert len(default) == 3
-    assert len(build_logit_filters(tok, DecodingOptions(without_timestamps=True))) == 2
-    assert len(build_logit_filters(tok, DecodingOptions(suppress_blank=False, suppress_tokens=None))) == 1
-    logits = flat()
-    for rule in default:
-        rule(logits, [])
+def reference_rules(tok, logits: np.ndarray, sampled: list[int], cap: int | None) -> tuple[np.ndarray, float]:
+    """openai-whisper's ApplyTimestampRules after SuppressTokens(suppressed) in float64 NumPy (decoding.py,
+    v20240930), and the margin of its last rule: log-sum-exp of the timestamps minus the best text logit."""
+    x = logits.astype(np.float64)
+    ts, eot = tok.timestamp_begin, tok.eot
+    x[tok.no_timestamps] = -np.inf
+    last_was_ts = len(sampled) >= 1 and sampled[-1] >= ts
+    penultimate_was_ts = len(sampled) < 2 or sampled[-2] >= ts
+    if last_was_ts:
+        if penultimate_was_ts:
+            x[ts:] = -np.inf
+        else:
+            x[:eot] = -np.inf
+    stamps = [t for t in sampled if t >= ts]
+    if stamps:
+        x[ts:stamps[-1] if last_was_ts and not penultimate_was_ts else stamps[-1] + 1] = -np.inf
+    if not sampled:
+        x[:ts] = -np.inf
+        if cap is not None:
+            x[ts + cap + 1:] = -np.inf
+    top = x[ts:].max()
+    mass = top + np.log(np.sum(np.exp(x[ts:] - top))) if np.isfinite(top) else -np.inf
+    margin = mass - x[:ts].max()
+    if margin > 0:
+        x[:ts] = -np.inf
+    return x, margin
+
+
+def test_native_rules_are_openai_whispers_on_random_steps(tok, ts):
+    """Random rows after random histories (text and timestamps mixed, lone and paired timestamps, empty):
+    the native rules forbid exactly what the float64 reference forbids and leave every other logit as it
+    was. Steps whose last rule is decided by less than 1e-4 are skipped: the native log-sum-exp may be
+    ~2.4e-6 off (native/logits.h), the reference's f64 sum ~1e-13."""
+    rng = np.random.default_rng(5)
+    suppressed = tok.suppress_tokens("-1")
+    decided = {True: 0, False: 0}
+    for case in range(300):
+        cap = [None, 50][case % 2]
+        rule = rules(tok, suppressed=suppressed, cap=cap)
+        n = int(rng.integers(0, 8))
+        stamp = rng.random(n) < 0.4
+        sampled = [int(t) for t in np.where(stamp, rng.integers(ts, N_VOCAB, n), rng.integers(0, ts, n))]
+        if case % 5 == 0 and n >= 2:
+            sampled[-2:] = [ts + 40, ts + 40]  # a pair closed on the same time
+        logits = rng.normal(0, 3, N_VOCAB).astype(np.float32)
+        logits[ts:] += np.float32(rng.normal(2, 3))  # timestamps sometimes likelier together, sometimes not
+        want = logits.copy()
+        want[list(suppressed)] = -np.inf
+        want, margin = reference_rules(tok, want, sampled, cap)
+        if abs(margin) < 1e-4:
+            continue
+        decided[bool(margin > 0)] += 1
+        got = rule.apply(logits, sampled)
+        assert np.array_equal(np.isfinite(got), np.isfinite(want)), (sampled, cap, margin)
+        kept = np.isfinite(want)
+        assert np.array_equal(got[kept], logits[kept])
+    assert min(decided.values()) > 30  # both outcomes of the mass rule were exercised
+
+
+def test_rules_top_logprobs_is_apply_then_top_logprobs_and_keeps_its_input(tok, ts):
+    rng = np.random.default_rng(9)
+    rows = rng.normal(0, 3, (5, N_VOCAB)).astype(np.float32)
+    before = rows.copy()
+    histories = [[], [ts], [ts, 400], [ts, 400, ts + 20], [ts + 3, 400, ts + 20, ts + 20]]
+    rule = build_logit_rules(tok, DecodingOptions(), N_VOCAB)
+    ids, logprobs, norms = rule.top_logprobs(rows, histories, 6)
+    assert np.array_equal(rows, before)
+    for r, sampled in enumerate(histories):
+        one = _native.top_logprobs(rule.apply(rows[r], sampled), 6)
+        assert ids[r].tolist() == one[0].tolist()
+        assert logprobs[r].tolist() == one[1].tolist() and norms[r] == one[2]
+
+
+def test_rules_follow_the_options(tok):
+    default = build_logit_rules(tok, DecodingOptions(), N_VOCAB)
+    assert default.blank == [*tok.encode(" "), tok.eot] and default.timestamps
+    assert default.suppressed == list(tok.suppress_tokens("-1"))
+    assert default.max_initial_timestamp == 50  # 1.0 s at 0.02 s a step
+    assert not build_logit_rules(tok, DecodingOptions(without_timestamps=True), N_VOCAB).timestamps
+    bare = build_logit_rules(tok, DecodingOptions(suppress_blank=False, suppress_tokens=None), N_VOCAB)
+    assert bare.blank == [] and bare.suppressed == []
     # First step with defaults: only <|0.00|>..<|1.00|> remain.
-    assert np.flatnonzero(allowed(logits)).tolist() == list(range(tok.timestamp_begin, tok.timestamp_begin + 51))
+    first = default.apply(flat(), [])
+    assert np.flatnonzero(allowed(first)).tolist() == list(range(tok.timestamp_begin, tok.timestamp_begin + 51))
 
 
 # -- prompt layout ---------------------------------------------------------------------------------
