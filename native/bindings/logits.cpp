@@ -25,6 +25,24 @@ void check_k(int k, py::ssize_t n_vocab) {
     }
 }
 
+// ids int32 (n_rows, k), log-probabilities float64 (n_rows, k) and log normalisers float64 (n_rows,), row i
+// written by rank(i, ids, logprobs, log_norm) with the GIL released.
+template <typename Rank> py::tuple ranked_rows(py::ssize_t n_rows, int k, Rank rank) {
+    py::array_t<int32_t> ids({n_rows, static_cast<py::ssize_t>(k)});
+    py::array_t<double> logprobs({n_rows, static_cast<py::ssize_t>(k)});
+    py::array_t<double> norms(n_rows);
+    int32_t * out_ids = ids.mutable_data();
+    double * out_lp = logprobs.mutable_data();
+    double * out_norm = norms.mutable_data();
+    {
+        py::gil_scoped_release release;
+        for (py::ssize_t i = 0; i < n_rows; ++i) {
+            rank(i, out_ids + i * k, out_lp + i * k, out_norm + i);
+        }
+    }
+    return py::make_tuple(ids, logprobs, norms);
+}
+
 // logits: (n, n_vocab) or (n_vocab,) -> ids int32 (n, k), log-probabilities float64 (n, k), log
 // normalisers float64 (n,), with the leading axis dropped for a 1-D input.
 py::tuple top_logprobs(const farray & logits, int k) {
@@ -34,23 +52,14 @@ py::tuple top_logprobs(const farray & logits, int k) {
     const py::ssize_t n_vocab = logits.shape(logits.ndim() - 1);
     const py::ssize_t n_rows = logits.ndim() == 2 ? logits.shape(0) : 1;
     check_k(k, n_vocab);
-    py::array_t<int32_t> ids({n_rows, static_cast<py::ssize_t>(k)});
-    py::array_t<double> logprobs({n_rows, static_cast<py::ssize_t>(k)});
-    py::array_t<double> norms(n_rows);
-    {
-        const float * in = logits.data();
-        int32_t * out_ids = ids.mutable_data();
-        double * out_lp = logprobs.mutable_data();
-        double * out_norm = norms.mutable_data();
-        py::gil_scoped_release release;
-        for (py::ssize_t r = 0; r < n_rows; ++r) {
-            aural::top_logprobs(in + r * n_vocab, n_vocab, k, out_ids + r * k, out_lp + r * k, out_norm + r);
-        }
-    }
+    const float * in = logits.data();
+    py::tuple out = ranked_rows(n_rows, k, [&](py::ssize_t i, int32_t * ids, double * logprobs, double * norm) {
+        aural::top_logprobs(in + i * n_vocab, n_vocab, k, ids, logprobs, norm);
+    });
     if (logits.ndim() == 1) {
-        return py::make_tuple(ids[py::int_(0)], logprobs[py::int_(0)], norms[py::int_(0)]);
+        return py::make_tuple(out[0][py::int_(0)], out[1][py::int_(0)], out[2][py::int_(0)]);
     }
-    return py::make_tuple(ids, logprobs, norms);
+    return out;
 }
 
 logit_rules make_rules(int64_t n_vocab, std::vector<int32_t> blank, std::vector<int32_t> suppressed,
@@ -95,23 +104,13 @@ py::tuple rules_top_logprobs(const logit_rules & r, const farray & logits, const
         throw std::invalid_argument("LogitRules.top_logprobs needs one list of sampled tokens per row");
     }
     check_k(k, r.n_vocab);
-    py::array_t<int32_t> ids({n_rows, static_cast<py::ssize_t>(k)});
-    py::array_t<double> logprobs({n_rows, static_cast<py::ssize_t>(k)});
-    py::array_t<double> norms(n_rows);
-    {
-        const float * in = logits.data();
-        int32_t * out_ids = ids.mutable_data();
-        double * out_lp = logprobs.mutable_data();
-        double * out_norm = norms.mutable_data();
-        py::gil_scoped_release release;
-        std::vector<float> scratch(r.n_vocab);
-        for (py::ssize_t i = 0; i < n_rows; ++i) {
-            std::memcpy(scratch.data(), in + i * r.n_vocab, sizeof(float) * r.n_vocab);
-            apply_rules(r, sampled[i].data(), sampled[i].size(), scratch.data());
-            aural::top_logprobs(scratch.data(), r.n_vocab, k, out_ids + i * k, out_lp + i * k, out_norm + i);
-        }
-    }
-    return py::make_tuple(ids, logprobs, norms);
+    const float * in = logits.data();
+    std::vector<float> scratch(r.n_vocab);
+    return ranked_rows(n_rows, k, [&](py::ssize_t i, int32_t * ids, double * logprobs, double * norm) {
+        std::memcpy(scratch.data(), in + i * r.n_vocab, sizeof(float) * r.n_vocab);
+        apply_rules(r, sampled[i].data(), sampled[i].size(), scratch.data());
+        aural::top_logprobs(scratch.data(), r.n_vocab, k, ids, logprobs, norm);
+    });
 }
 
 }  // namespace
