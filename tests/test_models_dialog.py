@@ -90,6 +90,16 @@ def click(qtbot, dialog, name, text):
     qtbot.mouseClick(dialog.button(name, text), Qt.MouseButton.LeftButton)
 
 
+def enabled(dialog, name, text) -> bool:
+    """Whether the row shows an enabled `text` button. False while it has none (its primary button still
+    reads "Cancel" until the failed pull is reported back): waitUntil gives up on any exception but
+    AssertionError, so a lookup that raises would end the wait at once."""
+    try:
+        return dialog.button(name, text).isEnabled()
+    except StopIteration:
+        return False
+
+
 def picker_names(window) -> list[str]:
     combo = window.controls.model_combo
     return [combo.itemData(i) for i in range(combo.count())]
@@ -172,7 +182,7 @@ def test_another_type_converts_then_delete_frees_the_disk_and_the_default_takes_
     assert [path for path, _ in site.requests].count("/ggml-tiny.en.bin") == 1
     window.open_model(NAME)
     qtbot.waitUntil(lambda: window.models.loaded == (NAME, "auto"), timeout=MODEL_S)
-    qtbot.waitUntil(lambda: dialog.button(NAME, "Delete").isEnabled(), timeout=30_000)
+    qtbot.waitUntil(lambda: enabled(dialog, NAME, "Delete"), timeout=30_000)
     window.toggle_live()  # captions from the model: it cannot be deleted under them
     click(qtbot, dialog, NAME, "Delete")
     assert dialog.message.text() == f"⚠ {NAME} is in use: stop live captioning and the files, then delete it."
@@ -202,7 +212,7 @@ def test_a_server_that_is_down_is_one_line_in_the_dialog_and_the_app_goes_on(cac
     message = failed.args[0]
     assert f"Cannot reach 127.0.0.1:{port}" in message and "\n" not in message
     assert dialog.message.text() == f"⚠ {message}" and window.last_error == message
-    qtbot.waitUntil(lambda: dialog.button("tiny", "Download").isEnabled(), timeout=10_000)
+    qtbot.waitUntil(lambda: enabled(dialog, "tiny", "Download"), timeout=10_000)
     assert files_under(cache / "pulled") == [] and window.models.model is not None
     with qtbot.waitSignal(window.models.ready, timeout=MODEL_S):  # the app still loads models
         window.models.load("tiny.en", reload=True)
