@@ -50,6 +50,7 @@ CONFIGS: dict[str, tuple[str, str, dict[str, Any], dict[str, str]]] = {
     "aural-f16-decoder": ("Aural, AURAL_NO_INT8_DECODER=1", "aural", {}, {"AURAL_NO_INT8_DECODER": "1"}),
     "aural-full": ("Aural, 30 s windows", "aural", {"audio_ctx": "full"}, {}),
     "aural-ggml-cross": ("Aural, AURAL_NO_SIMD_CROSS=1", "aural", {}, {"AURAL_NO_SIMD_CROSS": "1"}),
+    "aural-ggml-self": ("Aural, AURAL_NO_SIMD_SELF=1", "aural", {}, {"AURAL_NO_SIMD_SELF": "1"}),
     "aural-no-repeat-guard": ("Aural, repeated_segments_threshold=None", "aural",
                               {"options": {"repeated_segments_threshold": None}}, {}),
     "fw-int8": ("faster-whisper int8", "faster-whisper", {"compute_type": "int8"}, {}),

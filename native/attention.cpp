@@ -240,6 +240,9 @@ struct f16_avx512 {
     __attribute__((target("avx512f"))) static inline V load(const float * p) { return _mm512_loadu_ps(p); }
     __attribute__((target("avx512f"))) static inline V zero() { return _mm512_setzero_ps(); }
     __attribute__((target("avx512f"))) static inline float sum(V v) { return _mm512_reduce_add_ps(v); }
+    __attribute__((target("avx512f"))) static inline V broadcast(float x) { return _mm512_set1_ps(x); }
+    __attribute__((target("avx512f"))) static inline void store(float * p, V v) { _mm512_storeu_ps(p, v); }
+    __attribute__((target("avx512f,f16c"))) static inline float scalar(ggml_fp16_t h) { return _cvtsh_ss(h); }
 };
 
 struct f16_avx2 {
@@ -255,6 +258,9 @@ struct f16_avx2 {
         s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
     }
+    __attribute__((target("avx2,fma,f16c"))) static inline V broadcast(float x) { return _mm256_set1_ps(x); }
+    __attribute__((target("avx2,fma,f16c"))) static inline void store(float * p, V v) { _mm256_storeu_ps(p, v); }
+    __attribute__((target("avx2,fma,f16c"))) static inline float scalar(ggml_fp16_t h) { return _cvtsh_ss(h); }
 };
 
 constexpr int64_t cross_head_dim = 64;  // every Whisper size (n_state / n_head); checked when the op is made
@@ -363,6 +369,84 @@ void cross_attention_op(ggml_tensor * dst, const ggml_tensor * q, const ggml_ten
     }
 }
 
+// ------------------------------------------------------------------------------------------------------------
+// The decoder's self-attention: each query row (a beam's token, or a prompt's) over the KV arena's cells that
+// its mask row leaves visible. ggml-cpu's flash attention handles one cell at a time (an f16 dot call, an
+// online-softmax rescale, V accumulated in f16 and converted back per cell); here a row's visible cells are
+// scored first, softmaxed in f32, then summed from V's 64-long f16 rows into registers.
+
+template <class O>
+AURAL_INLINE float dot64(const float * q, const ggml_fp16_t * k) {
+    constexpr int W = O::W, n_vec = cross_head_dim / W;
+    typename O::V acc[n_vec];
+    for (int i = 0; i < n_vec; ++i) acc[i] = O::load(q + i * W) * O::half(k + i * W);
+    for (int n = n_vec; n > 1; n /= 2) {  // independent products, summed as a tree
+        for (int i = 0; i < n / 2; ++i) acc[i] += acc[i + n / 2];
+    }
+    return O::sum(acc[0]);
+}
+
+// Thread ith of nth: tasks are (query row, head), dealt round-robin. src: q [n_state, n_q] f32, k and v
+// [64, n_ctx, n_head] f16 views, mask [n_ctx, >= n_q] f16 (0 visible, -inf not).
+template <class O>
+inline void self_attend(ggml_tensor * dst, int n_head, int ith, int nth) {
+    constexpr int W = O::W, n_vec = cross_head_dim / W;
+    const ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * mask = dst->src[3];
+    const int64_t n_state = q->ne[0], n_q = q->ne[1], n_ctx = k->ne[1];
+    const float scale = 1.0f / std::sqrt(static_cast<float>(cross_head_dim));
+    thread_local std::vector<float> w;  // ggml's worker threads persist: allocated once per thread
+    thread_local std::vector<int64_t> cells;
+    w.resize(static_cast<size_t>(n_ctx));
+    cells.resize(static_cast<size_t>(n_ctx));
+    for (int64_t task = ith; task < n_q * n_head; task += nth) {
+        const int64_t r = task / n_head, h = task % n_head;
+        const float * qr = static_cast<const float *>(q->data) + r * n_state + h * cross_head_dim;
+        const auto * m = reinterpret_cast<const ggml_fp16_t *>(static_cast<const char *>(mask->data) + r * mask->nb[1]);
+        const char * kh = static_cast<const char *>(k->data) + h * k->nb[2];
+        const char * vh = static_cast<const char *>(v->data) + h * v->nb[2];
+        int64_t n = 0;
+        for (int64_t c = 0; c < n_ctx; ++c) {
+            const float mc = O::scalar(m[c]);
+            if (mc == -INFINITY) continue;
+            w[n] = dot64<O>(qr, reinterpret_cast<const ggml_fp16_t *>(kh + c * k->nb[1])) * scale + mc;
+            cells[n++] = c;
+        }
+        typename O::V acc[n_vec];
+        for (int i = 0; i < n_vec; ++i) acc[i] = O::zero();
+        float * out = static_cast<float *>(dst->data) + r * n_state + h * cross_head_dim;
+        if (n > 0) {
+            const float mx = *std::max_element(w.begin(), w.begin() + n);
+            float sum = 0.0f;
+            for (int64_t j = 0; j < n; ++j) sum += (w[j] = exp_neg(mx - w[j]));
+            for (int64_t j = 0; j < n; ++j) {
+                const auto * vj = reinterpret_cast<const ggml_fp16_t *>(vh + cells[j] * v->nb[1]);
+                const typename O::V wj = O::broadcast(w[j] / sum);
+                for (int i = 0; i < n_vec; ++i) acc[i] += wj * O::half(vj + i * W);
+            }
+        }
+        for (int i = 0; i < n_vec; ++i) O::store(out + i * W, acc[i]);  // a row that sees no cell gets zeros
+    }
+}
+
+__attribute__((target("avx512f,f16c"), flatten)) void self_attend_avx512(ggml_tensor * dst, int n_head, int ith,
+                                                                         int nth) {
+    self_attend<f16_avx512>(dst, n_head, ith, nth);
+}
+
+__attribute__((target("avx2,fma,f16c"), flatten)) void self_attend_avx2(ggml_tensor * dst, int n_head, int ith,
+                                                                        int nth) {
+    self_attend<f16_avx2>(dst, n_head, ith, nth);
+}
+
+void self_attention_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const int n_head = static_cast<int>(reinterpret_cast<intptr_t>(userdata));
+    if (kernel_isa() >= isa::avx512) {
+        self_attend_avx512(dst, n_head, ith, nth);
+    } else {
+        self_attend_avx2(dst, n_head, ith, nth);
+    }
+}
+
 }  // namespace
 
 bool encoder_attention_available() { return kernel_isa() >= isa::avx2; }
@@ -399,6 +483,23 @@ ggml_tensor * decoder_cross_attention(ggml_context * ctx, ggml_tensor * q, ggml_
                             reinterpret_cast<void *>(static_cast<intptr_t>(n_head)));
 }
 
+ggml_tensor * decoder_self_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                     ggml_tensor * mask, int n_head) {
+    const int64_t n_state = q->ne[0], n_q = q->ne[1];
+    const bool typed = q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F16 && v->type == GGML_TYPE_F16 &&
+                       mask->type == GGML_TYPE_F16;
+    const bool shaped = n_state == n_head * cross_head_dim && ggml_are_same_shape(k, v) &&
+                        k->ne[0] == cross_head_dim && k->ne[2] == n_head && k->nb[0] == sizeof(ggml_fp16_t) &&
+                        v->nb[0] == sizeof(ggml_fp16_t) && mask->ne[0] == k->ne[1] && mask->ne[1] >= n_q;
+    if (!cross_attention_available() || !typed || !shaped) {
+        throw std::invalid_argument("decoder_self_attention: needs AVX2 (F16C) or AVX-512, f32 q [n_state, n_q], "
+                                    "f16 k and v [64, n_ctx, n_head] and an f16 mask [n_ctx, >= n_q]");
+    }
+    ggml_tensor * args[] = {ggml_is_contiguous(q) ? q : ggml_cont(ctx, q), k, v, mask};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, n_state, n_q, 1, 1, args, 4, self_attention_op, GGML_N_TASKS_MAX,
+                          reinterpret_cast<void *>(static_cast<intptr_t>(n_head)));
+}
+
 #else  // not x86-64 with GCC or Clang: the graph keeps ggml_flash_attn_ext
 
 bool encoder_attention_available() { return false; }
@@ -411,6 +512,10 @@ bool cross_attention_available() { return false; }
 
 ggml_tensor * decoder_cross_attention(ggml_context *, ggml_tensor *, ggml_tensor *, ggml_tensor *, int) {
     throw std::invalid_argument("decoder_cross_attention: not built for this CPU");
+}
+
+ggml_tensor * decoder_self_attention(ggml_context *, ggml_tensor *, ggml_tensor *, ggml_tensor *, ggml_tensor *, int) {
+    throw std::invalid_argument("decoder_self_attention: not built for this CPU");
 }
 
 #endif

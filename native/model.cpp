@@ -122,6 +122,8 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->simd_attention = m->on_cpu() && encoder_attention_available() && !env_flag("AURAL_NO_SIMD_ATTENTION");
     // env: AURAL_NO_SIMD_CROSS=1 keeps ggml's ops for the decoder's cross-attention (debugging, A/B).
     m->simd_cross = m->on_cpu() && cross_attention_available() && !env_flag("AURAL_NO_SIMD_CROSS");
+    // env: AURAL_NO_SIMD_SELF=1 keeps ggml's flash attention for the decoder's self-attention (debugging, A/B).
+    m->simd_self = m->on_cpu() && cross_attention_available() && !env_flag("AURAL_NO_SIMD_SELF");
     m->make_cpu_copies();
     m->allocate_weights();
     m->read_weights(meta.get());

@@ -203,6 +203,31 @@ def test_decoder_cross_attention_is_within_f32_rounding(level, n_q, n_cross, n_h
     assert_attention_within_f32_rounding(got, q.astype(np.float64), f16(k).T, f16(v), n_head)
 
 
+@pytest.mark.parametrize("n_q, n_ctx, n_head", [(1, 448, 6), (5, 2240, 6), (8, 37, 20)])
+def test_decoder_self_attention_is_within_f32_rounding(level, n_q, n_ctx, n_head):
+    """The decoder's self-attention over f16 K/V cells, each query row over the cells its mask row leaves
+    visible: per row, the cross-attention's bound over just those cells, and zeros for a row that sees none.
+    Visibility is random (a beam's cells are scattered through the arena), 448 cells are one greedy arena,
+    2240 a beam-5 one, 20 heads large-v3's."""
+    if level.kernel_isa == "baseline":
+        pytest.skip("Aural's self-attention needs AVX2 or AVX-512")
+    rng = np.random.default_rng(n_q + n_ctx)
+    n_state = n_head * 64
+    q = rng.normal(0, 1, (n_q, n_state)).astype(np.float32)
+    k, v = (rng.normal(0, 2, (n_ctx, n_state)).astype(np.float32) for _ in range(2))
+    visible = rng.random((n_q, n_ctx)) < 0.3
+    if n_q > 1:
+        visible[-1] = False
+    got = _native.kernel_self_attention(q, k, v, visible, n_head).astype(np.float64)
+    f16 = lambda x: x.astype(np.float16).astype(np.float64)  # noqa: E731
+    for r, cells in enumerate(visible):
+        if not cells.any():
+            assert np.all(got[r] == 0.0)
+            continue
+        assert_attention_within_f32_rounding(got[r:r + 1], q[r:r + 1].astype(np.float64), f16(k[cells]).T,
+                                             f16(v[cells]), n_head)
+
+
 @pytest.mark.parametrize("rows, cols, m", [(64, 384, 1), (1536, 384, 5), (384, 1536, 33)])
 def test_int8_products_are_within_their_quantisation_steps(level, rows, cols, m):
     """Weights round to int8 with one step sw = amax/127 per row, activations with one step sx per column;

@@ -64,7 +64,8 @@ def test_the_model_loads_on_the_device_without_aurals_cpu_kernels(device_model):
     assert BACKEND.lower() in (device_model.device.lower(), device_model.backend.lower())
     assert device_model._model.device_info["type"] != "cpu"
     native = device_model._model
-    assert not (native.int8 or native.simd_gelu or native.simd_attention or native.simd_cross or native.screen_bytes)
+    assert not (native.int8 or native.simd_gelu or native.simd_attention or native.simd_cross or native.simd_self
+                or native.screen_bytes)
 
 
 @pytest.mark.parametrize("beam_size", [None, 5], ids=["greedy", "beam5"])

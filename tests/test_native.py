@@ -168,7 +168,8 @@ def jfk_wer(model, jfk_wav) -> float:
 
 
 @pytest.mark.parametrize("switch, flag", [("AURAL_NO_SIMD_GELU", "simd_gelu"), ("AURAL_NO_SIMD_ATTENTION", "simd_attention"),
-                                          ("AURAL_NO_SIMD_CROSS", "simd_cross"), ("AURAL_NO_INT8", "int8"),
+                                          ("AURAL_NO_SIMD_CROSS", "simd_cross"), ("AURAL_NO_SIMD_SELF", "simd_self"),
+                                          ("AURAL_NO_INT8", "int8"),
                                           ("AURAL_NO_SCREEN", "screen_bytes")])
 def test_each_of_aurals_cpu_kernels_off_keeps_jfks_words(tiny_gguf, jfk_wav, monkeypatch, switch, flag):
     """Each of Aural's CPU kernels (held to float64 in test_cpu.py) switched off gives way to ggml's own op, and

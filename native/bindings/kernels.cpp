@@ -3,6 +3,7 @@
 // and returns its output. They raise ValueError where the level does not run the kernel.
 #include <pybind11/numpy.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -109,6 +110,34 @@ farray cross_attention(const farray & q, const farray & k, const farray & v, int
     }, {static_cast<py::ssize_t>(n_q), static_cast<py::ssize_t>(n_state)});
 }
 
+// q: (n_q, n_state); k, v: (n_ctx, n_state), rounded to f16 as the KV arena holds them (one row per cell);
+// visible: (n_q, n_ctx), which cells each query row sees (its mask row: 0 where true, -inf elsewhere).
+// softmax(q_h k_h^T / sqrt(64)) v_h per head h over each row's visible cells: (n_q, n_state).
+farray self_attention(const farray & q, const farray & k, const farray & v,
+                      const py::array_t<bool, py::array::c_style | py::array::forcecast> & visible, int n_head) {
+    if (q.ndim() != 2 || k.ndim() != 2 || v.ndim() != 2 || visible.ndim() != 2 || k.shape(1) != q.shape(1) ||
+        v.shape(0) != k.shape(0) || v.shape(1) != q.shape(1) || visible.shape(0) != q.shape(0) ||
+        visible.shape(1) != k.shape(0) || n_head <= 0 || q.shape(1) % n_head != 0) {
+        throw std::invalid_argument("self_attention takes q (n_q, n_state), k and v (n_ctx, n_state) and "
+                                    "visible (n_q, n_ctx)");
+    }
+    const int64_t n_q = q.shape(0), n_state = q.shape(1), n_ctx = k.shape(0), hd = n_state / n_head;
+    std::vector<ggml_fp16_t> k16(n_ctx * n_state), v16(n_ctx * n_state), mask(n_q * n_ctx);
+    ggml_fp32_to_fp16_row(k.data(), k16.data(), n_ctx * n_state);
+    ggml_fp32_to_fp16_row(v.data(), v16.data(), n_ctx * n_state);
+    for (int64_t i = 0; i < n_q * n_ctx; ++i) mask[i] = ggml_fp32_to_fp16(visible.data()[i] ? 0.0f : -INFINITY);
+    return run_on_cpu([&](ggml_context * ctx) {
+        ggml_tensor * tq = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_state, n_q);
+        ggml_tensor * tk = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_state, n_ctx);
+        ggml_tensor * tv = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_state, n_ctx);
+        ggml_tensor * tm = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_ctx, n_q);
+        // The arena's views (kv-cache.cpp): K and V [hd, n_ctx, n_head].
+        auto heads = [&](ggml_tensor * t) { return ggml_view_3d(ctx, t, hd, n_ctx, n_head, t->nb[1], hd * t->nb[0], 0); };
+        return graph_run{{{tq, q.data()}, {tk, k16.data()}, {tv, v16.data()}, {tm, mask.data()}},
+                         decoder_self_attention(ctx, tq, heads(tk), heads(tv), tm, n_head)};
+    }, {static_cast<py::ssize_t>(n_q), static_cast<py::ssize_t>(n_state)});
+}
+
 // w: (rows, cols) packed as int8 (one scale per row); x: (m, cols). x w^T: (m, rows).
 farray int8_product(const farray & w, const farray & x) {
     if (w.ndim() != 2 || x.ndim() != 2 || w.shape(1) != x.shape(1)) {
@@ -134,6 +163,10 @@ void register_kernels(py::module_ & m) {
     m.def("kernel_cross_attention", &cross_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_head"),
           "Aural's decoder cross-attention: q (n_q, n_state), k and v (n_cross, n_state) held as f16 -> "
           "(n_q, n_state).");
+    m.def("kernel_self_attention", &self_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("visible"),
+          py::arg("n_head"),
+          "Aural's decoder self-attention: q (n_q, n_state), k and v (n_ctx, n_state) held as f16, visible "
+          "(n_q, n_ctx) bool -> (n_q, n_state); a row that sees no cell gets zeros.");
     m.def("kernel_int8_matmul", &int8_product, py::arg("w"), py::arg("x"),
           "Aural's int8 product: w (rows, cols) quantised per row, x (m, cols) per column -> x w^T (m, rows).");
 }

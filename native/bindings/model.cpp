@@ -65,6 +65,9 @@ void register_model(py::module_ & m) {
         .def_property_readonly("simd_cross", [](const model & self) { return self.simd_cross; },
                                "Whether the decoder's cross-attention runs as Aural's CPU op instead of ggml's "
                                "mul_mat, soft_max, mul_mat (x86-64 with AVX2 and F16C, or AVX-512).")
+        .def_property_readonly("simd_self", [](const model & self) { return self.simd_self; },
+                               "Whether the decoder's self-attention runs as Aural's CPU op instead of ggml's "
+                               "flash attention (x86-64 with AVX2 and F16C, or AVX-512; f16 KV arena).")
         .def_property_readonly("int8", [](const model & self) { return self.int8; },
                                "Whether the layers' projections multiply as int8 with AVX2 or VNNI (and the "
                                "output screen is an int8 copy), as CTranslate2's int8 compute type.")
