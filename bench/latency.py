@@ -11,7 +11,10 @@ its latencies are
   committed without being shown first, e.g. at the end of the stream);
 - commit: wall time of the Commit containing it, minus the same.
 
-`--audio-ctx` and `--step` take comma-separated values; every combination is a configuration, and
+Steadiness: rewrites per minute of audio, the tentative words a viewer saw replaced or dropped
+(`Metrics.rewrites`, which tests/test_streaming.py recounts from the events).
+
+`--audio-ctx`, `--step` and `--hold` (StreamOptions.hold_steps) take comma-separated values; every combination is a configuration, and
 the configurations are interleaved clip by clip (each clip runs them all, starting with a different one
 each time), so that a shared machine's changing load falls on all of them alike. The 1-minute load
 average is recorded before every run. The offline transcription is made once per clip.
@@ -21,7 +24,7 @@ configuration (throughput and memory: RSS after model load and at the end, RTF, 
 project venv (.venv), since it imports Aural. Writes bench/results/latency.json and latency.md.
 
 Usage: .venv/bin/python bench/latency.py [--speed 1.0] [--audio-ctx auto,full] [--step 1.0,0.5]
-       [--threads 1] [--clips a.wav,b.flac] [--long-minutes 10]
+       [--hold 0,1] [--threads 1] [--clips a.wav,b.flac] [--long-minutes 10]
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class ClipResult:
         first_partial_s: wall seconds from the first speech read to the first partial.
         n_steps: decode steps.
         dropped_blocks: audio blocks the replay ring dropped.
+        rewrites: shown tentative words later replaced or dropped (Metrics.rewrites).
         encoder_ms: mean encoder time per decode step.
         step_ms: mean wall time per decode step (mel, encoder, decoder, agreement).
         tokens_per_step: mean decoder calls per decode step.
@@ -98,6 +102,7 @@ class ClipResult:
     first_partial_s: float | None = None
     n_steps: int = 0
     dropped_blocks: int = 0
+    rewrites: int = 0
     encoder_ms: float = 0.0
     step_ms: float = 0.0
     tokens_per_step: float = 0.0
@@ -200,6 +205,7 @@ def _add_costs(result: ClipResult, metrics: list[Metrics]) -> None:
     result.first_partial_s = last.first_partial_s
     result.n_steps = last.n_steps
     result.dropped_blocks = last.dropped_blocks
+    result.rewrites = last.rewrites
     decoded = [m for m in metrics if m.n_tokens]
     if decoded:
         result.encoder_ms = float(np.mean([m.encoder_ms for m in decoded]))
@@ -292,10 +298,10 @@ def measure_long(model: WhisperModel, clips, minutes: float, options: StreamOpti
 # -- report ----------------------------------------------------------------------------------------
 
 _CLIP_HEADER = ("clip", "audio s", "words matched", "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s",
-                "RTF", "first partial s", "encoder ms", "step ms", "tokens/step", "dropped", "load 1m",
+                "RTF", "first partial s", "encoder ms", "step ms", "tokens/step", "rewrites", "dropped", "load 1m",
                 "WER offline %", "WER stream %")
-_SUMMARY_HEADER = ("config", "audio ctx", "step s", "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s",
-                   "first partial s", "RTF", "encoder ms/step", "step ms", "tokens/step", "decode ms/token",
+_SUMMARY_HEADER = ("config", "audio ctx", "step s", "hold steps", "partial p50 s", "partial p90 s", "commit p50 s",
+                   "commit p90 s", "rewrites/min", "first partial s", "RTF", "encoder ms/step", "step ms", "tokens/step", "decode ms/token",
                    "dropped", "load 1m", "WER offline %", "WER stream %")
 
 
@@ -303,15 +309,18 @@ def _clip_row(r: dict) -> tuple:
     partial, commit = percentiles(r["partial_s"]), percentiles(r["commit_s"])
     return (r["name"], fmt(r["duration_s"], 1), f"{r['matched']}/{r['words']}", fmt(partial["p50"]),
             fmt(partial["p90"]), fmt(commit["p50"]), fmt(commit["p90"]), fmt(r["rtf_mean"]), fmt(r["first_partial_s"]),
-            fmt(r["encoder_ms"], 0), fmt(r["step_ms"], 0), fmt(r["tokens_per_step"], 1), r["dropped_blocks"],
+            fmt(r["encoder_ms"], 0), fmt(r["step_ms"], 0), fmt(r["tokens_per_step"], 1), r.get("rewrites", "-"),
+            r["dropped_blocks"],
             fmt(r["loadavg_1m"], 1), fmt(_percent(r["errors_offline"], r["reference_words"]), 1),
             fmt(_percent(r["errors_stream"], r["reference_words"]), 1))
 
 
 def _summary_row(config: dict) -> tuple:
     s = config["summary"]
-    return (config["name"], config["options"]["audio_ctx"], config["options"]["step_s"], fmt(s["partial"]["p50"]),
-            fmt(s["partial"]["p90"]), fmt(s["commit"]["p50"]), fmt(s["commit"]["p90"]),
+    # Runs before hold_steps existed showed every hypothesis as it came (0) and counted no rewrites.
+    return (config["name"], config["options"]["audio_ctx"], config["options"]["step_s"],
+            config["options"].get("hold_steps", 0), fmt(s["partial"]["p50"]), fmt(s["partial"]["p90"]),
+            fmt(s["commit"]["p50"]), fmt(s["commit"]["p90"]), fmt(s.get("rewrites_per_min"), 1),
             fmt(s["first_partial_median_s"]), fmt(s["rtf_mean"]), fmt(s["encoder_ms"], 0), fmt(s["step_ms"], 0),
             fmt(s["tokens_per_step"], 1), fmt(s["decode_ms_per_token"], 1), s["dropped_blocks"],
             fmt(s["loadavg_1m"], 1), fmt(s["wer_offline"] * 100, 1), fmt(s["wer_stream"] * 100, 1))
@@ -372,6 +381,7 @@ def summarize(results: list[ClipResult]) -> dict:
         "decode_ms_per_token": _weighted(results, "decode_ms_per_token"),
         "loadavg_1m": float(np.mean([r.loadavg_1m for r in results])),
         "dropped_blocks": sum(r.dropped_blocks for r in results),
+        "rewrites_per_min": sum(r.rewrites for r in results) / (sum(r.duration_s for r in results) / 60),
         # Errors over reference words, across all clips.
         "wer_offline": sum(r.errors_offline for r in results) / reference_words,
         "wer_stream": sum(r.errors_stream for r in results) / reference_words,
@@ -382,10 +392,11 @@ def _percent(errors: int, words: int) -> float | None:
     return 100 * errors / words if words else None
 
 
-def configs_of(audio_ctx: str, steps: str) -> list[Config]:
-    """Every (audio context, step) combination, named like "auto/0.5"."""
-    return [Config(f"{ctx}/{float(step)!r}", StreamOptions(audio_ctx=ctx, step_s=float(step)))
-            for ctx, step in itertools.product(audio_ctx.split(","), steps.split(","))]
+def configs_of(audio_ctx: str, steps: str, holds: str) -> list[Config]:
+    """Every (audio context, step, hold) combination, named like "auto/0.5/hold1"."""
+    return [Config(f"{ctx}/{float(step)!r}/hold{int(hold)}",
+                   StreamOptions(audio_ctx=ctx, step_s=float(step), hold_steps=int(hold)))
+            for ctx, step, hold in itertools.product(audio_ctx.split(","), steps.split(","), holds.split(","))]
 
 
 def run_interleaved(model: WhisperModel, clips, configs: list[Config], speed: float) -> dict[str, list[ClipResult]]:
@@ -408,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speed", type=float, default=1.0, help="replay pace (1.0 real time; 0 as fast as decoded)")
     p.add_argument("--step", default="1.0", help="StreamOptions.step_s, comma-separated values to compare")
     p.add_argument("--audio-ctx", default="auto", help="StreamOptions.audio_ctx, comma-separated: auto,full")
+    p.add_argument("--hold", default=str(StreamOptions.hold_steps),
+                   help="StreamOptions.hold_steps, comma-separated values to compare")
     p.add_argument("--clips", help="comma-separated clip names (default: the 18 English dev clips)")
     p.add_argument("--model", help="model name or .gguf path (default: the bundled tiny.en)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of the model (default 0: automatic)")
@@ -420,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.speed <= 0:
         p.error("--speed must be positive: latency needs a clock")
     try:
-        configs = configs_of(args.audio_ctx, args.step)
+        configs = configs_of(args.audio_ctx, args.step, args.hold)
     except ValueError as exc:
         p.error(str(exc))
     clips = english_dev_clips()

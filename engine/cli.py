@@ -514,6 +514,9 @@ def _add_live(subparsers: Any) -> None:
                    help="keep the decoder KV cache on the device or on the host (default: device)")
     p.add_argument("--step", type=float, default=1.0, metavar="S",
                    help="seconds of audio between decodes (default: 1.0)")
+    p.add_argument("--hold", type=int, default=1, metavar="N",
+                   help="steps a shown tentative word stays when a new hypothesis changes it, so words that "
+                        "flip back and forth do not flicker (default: 1; 0 shows every hypothesis)")
     p.add_argument("--audio-ctx", choices=["auto", "full"], default="auto",
                    help="encode only the window's audio (auto) or always 30 s (full, slower) (default: auto)")
     p.add_argument("--language", help="spoken language code or name, e.g. zh (default: detect each utterance)")
@@ -558,7 +561,7 @@ def _run_live(args: argparse.Namespace) -> int:
         inputs = [open_input(name, devices) for name in args.device or [None]]
         source = inputs[0] if len(inputs) == 1 else MixSource(inputs)
     try:
-        options = StreamOptions(step_s=args.step, audio_ctx=args.audio_ctx,
+        options = StreamOptions(step_s=args.step, audio_ctx=args.audio_ctx, hold_steps=args.hold,
                                 language=normalize_language(args.language), zh_script=args.zh_script)
     except ValueError as exc:
         return _usage_error(args.parser, str(exc))
@@ -602,7 +605,8 @@ def _run_live(args: argparse.Namespace) -> int:
         lag = "-" if last.commit_lag_s is None else f"{last.commit_lag_s:.2f} s"
         print(f"live: {last.audio_s:.1f} s audio, {last.n_steps} steps, RTF {last.rtf_mean:.2f} "
               f"(last steps {last.rtf:.2f}), first partial {first}, commit lag {lag}, "
-              f"encoder {last.encoder_ms:.0f} ms/step, {last.dropped_blocks} dropped blocks, "
+              f"encoder {last.encoder_ms:.0f} ms/step, {last.rewrites} tentative words rewritten, "
+              f"{last.dropped_blocks} dropped blocks, "
               f"{_device_label(last.device, last.backend)}, KV on {last.kv_mode}",
               file=sys.stderr)
     return EXIT_ERROR if failed else 0

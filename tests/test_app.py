@@ -993,7 +993,7 @@ def _metrics(**changes):
     base = Metrics(audio_s=4.0, window_s=4.0, n_steps=4, step_ms=420.0, rtf=0.31, rtf_mean=0.35, encoder_ms=210.0,
                    n_tokens=12, decode_ms_per_token=9.5, compute_ms_per_token=7.25, kv_io_ms_per_token=0.0,
                    kv_tokens=40, kv_capacity_tokens=448, kv_mib=0.88, kv_capacity_mib=9.84, graph_builds=3, graph_reuses=41, first_partial_s=1.2,
-                   commit_lag_s=0.8, dropped_blocks=0, backend="CUDA", device="CUDA0", kv_mode="device")
+                   commit_lag_s=0.8, dropped_blocks=0, rewrites=3, backend="CUDA", device="CUDA0", kv_mode="device")
     return replace(base, **changes)
 
 
@@ -1007,6 +1007,7 @@ def test_metrics_panel_shows_each_number_and_warns_about_cpu_fallback(qtbot):
     assert panel.value_text("kv") == "40 / 448 tokens · 0.88 of 9.8 MiB"
     assert panel.value_text("graphs") == "41 reused · 3 built"
     assert panel.value_text("latency") == "1.20 s · 0.80 s"
+    assert panel.value_text("rewrites") == "3"
     assert panel.value_text("backend") == "CUDA / CUDA0 · KV on device"
     assert panel.fallback_text() == "" and panel.plotted_tokens() == 12
     panel.set_metrics(_metrics(fallback_ops=("ROPE", "CONV_1D"), n_tokens=400))

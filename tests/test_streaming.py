@@ -33,6 +33,7 @@ from aural.engine.live.streaming import (
     Metrics,
     Partial,
     StreamOptions,
+    _Display,
     _Stream,
     _agreement,
     _context_frames,
@@ -115,6 +116,33 @@ def test_agreement_is_the_common_prefix_ignoring_case_and_punctuation():
     assert _agreement(ws("my fellow Americans, ask"), ws("My fellow americans ask not")) == 4
     assert _agreement(ws("am I fellow"), ws("my fellow Americans")) == 0
     assert _agreement([], ws("anything")) == 0
+
+
+def test_a_changed_tentative_word_is_held_one_step_and_counted_once_it_shows():
+    display = _Display(hold_steps=1)
+    shown = lambda committed, tail: " ".join(w.text for w in display.update(ws(committed), ws(tail)))  # noqa: E731
+    assert shown("", "ask not") == "ask not"
+    assert shown("", "ask not what your") == "ask not what your"  # appending rewrites nothing
+    assert shown("", "asked not what your country") == "ask not what your country"  # held, the tail still grows
+    assert display.rewrites == 0
+    assert shown("", "ask not what your country") == "ask not what your country"  # it flipped back: no flicker
+    assert shown("", "asked not what") == "ask not what your country"
+    assert shown("", "asked not what") == "asked not what"  # two hypotheses in a row: the change shows
+    assert display.rewrites == 3  # "ask" and the dropped "your country"
+    assert shown("asked not", "what you") == "what you"  # committed as shown, "you" only appended
+    assert display.rewrites == 3
+    assert shown("what I", "can do") == "can do"  # committed "I" where "you" was shown
+    assert display.rewrites == 4
+    assert shown("", "") == "can do"
+    assert shown("", "") == ""  # dropped words are rewrites too
+    assert display.rewrites == 6
+
+
+def test_without_holding_every_partial_is_the_latest_hypothesis():
+    display = _Display(hold_steps=0)
+    assert [w.text for w in display.update([], ws("ask not"))] == ["ask", "not"]
+    assert [w.text for w in display.update([], ws("asked"))] == ["asked"]
+    assert display.rewrites == 2  # "ask" replaced, "not" dropped
 
 
 @pytest.mark.parametrize("committed, hypothesis, new", [
@@ -231,6 +259,30 @@ def test_commits_are_ordered_in_time_and_partials_follow_commits(dev_runs):
         assert spans[-1][1] <= clip.duration_s + 0.5
         assert any(isinstance(e, Partial) and e.text for e in events)
         assert isinstance(events[-1], Metrics) and not any(isinstance(e, Error) for e in events)
+
+
+def rewrites_seen(events) -> int:
+    """Shown tentative words that a later partial or commit changed or dropped, counted from the events
+    (words compared as the agreement compares them: case and punctuation aside)."""
+    keys = lambda text: ["".join(c for c in w.lower() if c.isalnum() or c == "'") for w in text.split()]  # noqa: E731
+    shown: list[str] = []
+    count = 0
+    for event in events:
+        if isinstance(event, Commit):
+            committed = keys(event.text)
+            count += sum(a != b for a, b in zip(shown, committed))
+            shown = shown[len(committed):]
+        elif isinstance(event, Partial):
+            new = keys(event.text)
+            count += sum(a != b for a, b in zip(shown, new)) + max(0, len(shown) - len(new))
+            shown = new
+    return count
+
+
+def test_the_rewrite_count_is_what_the_partials_show(dev_runs):
+    """Metrics.rewrites counts what a viewer sees change: recounted here from the Partial and Commit texts."""
+    for clip, _, events in dev_runs:
+        assert events[-1].rewrites == rewrites_seen(events), clip.path.name
 
 
 def test_one_context_serves_the_stream_and_metrics_report_it(dev_runs, model):

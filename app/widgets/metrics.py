@@ -30,6 +30,7 @@ _ROWS = {
     "latency": ("First partial · commit lag",
                 lambda m: f"{_seconds(m.first_partial_s)} · {_seconds(m.commit_lag_s)}"),
     "dropped": ("Dropped audio blocks", lambda m: str(m.dropped_blocks)),
+    "rewrites": ("Tentative words rewritten", lambda m: str(m.rewrites)),
     "backend": ("Backend / device", lambda m: f"{m.backend} / {m.device} · KV on {m.kv_mode}"),
 }
 

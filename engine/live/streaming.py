@@ -139,6 +139,8 @@ class Metrics:
         commit_lag_s: how long the latest commit's first word waited: input consumed when it was committed
             minus that word's end, seconds of audio. It does not grow through silence, when nothing waits.
         dropped_blocks: audio blocks the source lost.
+        rewrites: tentative words shown and then replaced or dropped so far, word by word in place (a word
+            committed differently from how it was shown counts too); appended words are not rewrites.
         backend: the model's primary ggml backend.
         device: the device it runs on.
         kv_mode: "device" or "host".
@@ -166,6 +168,7 @@ class Metrics:
     first_partial_s: float | None
     commit_lag_s: float | None
     dropped_blocks: int
+    rewrites: int
     backend: str
     device: str
     kv_mode: str
@@ -227,6 +230,9 @@ class StreamOptions:
             loop and is discarded (ref: openai-whisper, 2.4).
         repeated_segments_threshold: a hypothesis in which one segment follows itself this many
             times in a row is a repetition loop too (decoding.REPEATED_SEGMENTS); None: not checked.
+        hold_steps: steps a shown tentative word is kept on screen when a new hypothesis changes it; it
+            changes once that many hypotheses in a row disagree with it, so a word that flips back and
+            forth stays put (0: every partial shows the latest hypothesis as it is).
         rtf_steps: steps the running RTF averages over.
         vad: the speech gate's hysteresis.
         audio_ctx: "auto" encodes only the mel frames the window needs (its length plus
@@ -256,6 +262,7 @@ class StreamOptions:
     logprob_threshold: float = -1.0
     compression_ratio_threshold: float = 2.4
     repeated_segments_threshold: int | None = REPEATED_SEGMENTS
+    hold_steps: int = 1
     rtf_steps: int = 10
     vad: VadOptions = field(default_factory=VadOptions)
     audio_ctx: str = "auto"
@@ -268,6 +275,8 @@ class StreamOptions:
         if self.audio_ctx_pad_s < 0 or not 0 < self.audio_ctx_bucket_s <= N_SAMPLES / SAMPLE_RATE:
             raise ValueError("need audio_ctx_pad_s >= 0 and 0 < audio_ctx_bucket_s <= 30 s, got "
                              f"{self.audio_ctx_pad_s}, {self.audio_ctx_bucket_s}")
+        if self.hold_steps < 0:
+            raise ValueError(f"need hold_steps >= 0, got {self.hold_steps}")
         if not 0 < self.step_s <= self.max_step_s:
             raise ValueError(f"need 0 < step_s <= max_step_s, got {self.step_s}, {self.max_step_s}")
         if not self.trim_s <= self.max_window_s <= N_SAMPLES / SAMPLE_RATE - self.max_step_s:
@@ -428,6 +437,37 @@ def _agreement(previous: Sequence[_Word], current: Sequence[_Word]) -> int:
     return n
 
 
+class _Display:
+    """The tentative words on screen, steadier than the hypotheses behind them, and how often they change.
+
+    Each partial shows the latest hypothesis' uncommitted words, except that where it changes or drops
+    words already shown, those stay for `hold_steps` more steps (new words after them still appear). Commits
+    are never held: they come from the hypotheses, and a shown word committed differently is a rewrite.
+    """
+
+    def __init__(self, hold_steps: int):
+        self.hold_steps = hold_steps
+        self.shown: list[_Word] = []
+        self.held = 0  # steps the shown words have outlived a disagreeing hypothesis
+        self.rewrites = 0
+
+    def update(self, committed: Sequence[_Word], tail: list[_Word]) -> list[_Word]:
+        """The words to show after `committed` (committed since the last update) with `tail` tentative."""
+        leaving = self.shown[:len(committed)]
+        self.rewrites += sum(a.key != b.key for a, b in zip(leaving, committed))
+        shown = self.shown[len(leaving):]
+        # Word by word, as a viewer sees the line change: replaced words and dropped ones.
+        changed = sum(a.key != b.key for a, b in zip(shown, tail)) + max(0, len(shown) - len(tail))
+        if changed and self.held < self.hold_steps:
+            self.held += 1
+            self.shown = shown + tail[len(shown):]
+            return self.shown
+        self.rewrites += changed
+        self.held = 0
+        self.shown = list(tail)
+        return self.shown
+
+
 def _context_frames(n_samples: int, options: StreamOptions) -> int:
     """Mel frames to encode for a window of `n_samples`: all 3000 in "full" mode, else the window
     plus the padding, rounded up to the bucket."""
@@ -458,6 +498,8 @@ class _Stream:
         self.committed: list[_Word] = []
         self.in_window = 0  # the last `in_window` committed words lie inside the window
         self.tail: list[_Word] = []  # the previous hypothesis' uncommitted words
+        self.display = _Display(options.hold_steps)
+        self.n_displayed = 0  # committed words the display has seen leave the tentative text
         # (input sample where a pause began, index in `committed` of the window's first word then,
         # the words heard before the pause)
         self.pauses: list[tuple[int, int, list[_Word]]] = []
@@ -542,6 +584,14 @@ class _Stream:
         self.tail = []
         if result is not None:
             yield from self._report(started, result)
+        else:  # no partial follows: the display still sees the commit, for the rewrite count
+            self._shown()
+
+    def _shown(self) -> list[_Word]:
+        """The tentative words to show now (see _Display)."""
+        shown = self.display.update(self.committed[self.n_displayed:], self.tail)
+        self.n_displayed = len(self.committed)
+        return shown
 
     def _reset_window(self) -> None:
         """After a long silence with everything committed: keep only the pre-roll."""
@@ -695,10 +745,11 @@ class _Stream:
         self.fallbacks.clear()
         busy = time.perf_counter() - started
         audio_s = self.total / SAMPLE_RATE
-        text = _join(self.tail)
+        shown = self._shown()
+        text = _join(shown)
         if text and self.first_partial_s is None and self.onset_read_at is not None:
             self.first_partial_s = time.monotonic() - self.onset_read_at
-        yield Partial(text, audio_s, self.language, not self.tail or self.tail[0].spaced)
+        yield Partial(text, audio_s, self.language, not shown or shown[0].spaced)
         self.costs.append((busy, audio_s - self.reported_audio_s))
         self.reported_audio_s = audio_s
         self.busy_s += busy
@@ -725,7 +776,7 @@ class _Stream:
             kv_capacity_mib=arena_mib, graph_builds=int(stats.get("graph_builds", 0)),
             graph_reuses=int(stats.get("graph_reuses", 0)), first_partial_s=self.first_partial_s,
             commit_lag_s=self.commit_lag_s,
-            dropped_blocks=self.dropped_blocks, backend=self.model.backend, device=self.model.device,
+            dropped_blocks=self.dropped_blocks, rewrites=self.display.rewrites, backend=self.model.backend, device=self.model.device,
             kv_mode=self.kv_mode, fallback_ops=tuple(self.ctx.backend_report.get("fallback_ops", ())),
             peak_rss_mb=peak_rss_mb(),
         )
