@@ -1008,11 +1008,14 @@ def test_metrics_panel_shows_each_number_and_warns_about_cpu_fallback(qtbot):
     assert panel.value_text("graphs") == "41 reused · 3 built"
     assert panel.value_text("latency") == "1.20 s · 0.80 s"
     assert panel.value_text("rewrites") == "3"
+    assert panel.value_text("dropped") == "0"
     assert panel.value_text("backend") == "CUDA / CUDA0 · KV on device"
     assert panel.fallback_text() == "" and panel.plotted_tokens() == 12
     panel.set_metrics(_metrics(fallback_ops=("ROPE", "CONV_1D"), n_tokens=400))
     assert "ROPE, CONV_1D" in panel.fallback_text()
     assert panel.plotted_tokens() == 300
+    panel.set_metrics(_metrics(dropped_blocks=3, dropped_by_input=(0, 3)))  # a mix's system audio lost blocks
+    assert panel.value_text("dropped") == "3 (0 + 3 by input)"
     panel.reset()
     assert panel.value_text("rtf") == "—" and panel.fallback_text() == ""
 

@@ -459,6 +459,16 @@ def test_a_late_input_counts_as_silent_for_what_it_owes_and_stays_in_step():
     assert all(i * block - h <= skew for i, h in enumerate(held[:12], start=1))  # never held back past the skew
 
 
+def test_a_mix_reports_each_inputs_dropped_blocks_in_the_metrics(whisper_model):
+    # Two inputs of silence whose rings lost 2 and 1 blocks: the stream's last Metrics has the total and each
+    # input's share, in the mix's order.
+    first, second = Scripted([np.zeros(1600, np.float32)] * 5), Scripted([np.zeros(1600, np.float32)] * 5)
+    first.dropped_blocks, second.dropped_blocks = 2, 1
+    events = list(live_events(whisper_model, MixSource([first, second])))
+    last = [e for e in events if isinstance(e, Metrics)][-1]
+    assert (last.dropped_blocks, last.dropped_by_input) == (3, (2, 1))
+
+
 def test_an_input_always_late_is_heard_later_with_nothing_dropped():
     # The second input's latency is 1 s throughout (10 blocks), twice the skew: the mix cannot wait for it,
     # and no burst ever runs ahead, so every one of its samples is heard, 0.5 s later than its time.

@@ -29,10 +29,17 @@ _ROWS = {
     "graphs": ("Decoder graphs", lambda m: f"{m.graph_reuses} reused · {m.graph_builds} built"),
     "latency": ("First partial · commit lag",
                 lambda m: f"{_seconds(m.first_partial_s)} · {_seconds(m.commit_lag_s)}"),
-    "dropped": ("Dropped audio blocks", lambda m: str(m.dropped_blocks)),
+    "dropped": ("Dropped audio blocks", lambda m: _dropped(m)),
     "rewrites": ("Tentative words rewritten", lambda m: str(m.rewrites)),
     "backend": ("Backend / device", lambda m: f"{m.backend} / {m.device} · KV on {m.kv_mode}"),
 }
+
+
+def _dropped(m) -> str:
+    """The total, and a mix's inputs one by one (in the input picker's order) once any has lost audio."""
+    if len(m.dropped_by_input) < 2 or not m.dropped_blocks:
+        return str(m.dropped_blocks)
+    return f"{m.dropped_blocks} ({' + '.join(map(str, m.dropped_by_input))} by input)"
 
 
 def _seconds(value: float | None) -> str:

@@ -77,7 +77,13 @@ class MixSource:
 
     @property
     def dropped_blocks(self) -> int:
-        return sum(source.dropped_blocks for source in self.inputs)
+        return sum(self.dropped_by_input)
+
+    @property
+    def dropped_by_input(self) -> list[int]:
+        """Each input's dropped blocks, in the mix's order (a meeting's lost microphone audio apart from the
+        system audio's)."""
+        return [source.dropped_blocks for source in self.inputs]
 
     @property
     def error(self) -> Exception | None:

@@ -139,6 +139,7 @@ class Metrics:
         commit_lag_s: how long the latest commit's first word waited: input consumed when it was committed
             minus that word's end, seconds of audio. It does not grow through silence, when nothing waits.
         dropped_blocks: audio blocks the source lost.
+        dropped_by_input: of a mix, each input's share of dropped_blocks in the mix's order; () otherwise.
         rewrites: tentative words shown and then replaced or dropped so far, word by word in place (a word
             committed differently from how it was shown counts too); appended words are not rewrites.
         backend: the model's primary ggml backend.
@@ -174,6 +175,7 @@ class Metrics:
     kv_mode: str
     fallback_ops: tuple[str, ...] = ()
     peak_rss_mb: float = 0.0
+    dropped_by_input: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -517,6 +519,7 @@ class _Stream:
         self.first_partial_s: float | None = None
         self.commit_lag_s: float | None = None  # of the latest commit (see Metrics)
         self.dropped_blocks = 0
+        self.dropped_by_input: tuple[int, ...] = ()
 
     @property
     def ctx(self):
@@ -778,7 +781,7 @@ class _Stream:
             commit_lag_s=self.commit_lag_s,
             dropped_blocks=self.dropped_blocks, rewrites=self.display.rewrites, backend=self.model.backend, device=self.model.device,
             kv_mode=self.kv_mode, fallback_ops=tuple(self.ctx.backend_report.get("fallback_ops", ())),
-            peak_rss_mb=peak_rss_mb(),
+            peak_rss_mb=peak_rss_mb(), dropped_by_input=self.dropped_by_input,
         )
 
 
@@ -806,7 +809,7 @@ def live_events(model: WhisperModel, source, options: StreamOptions | None = Non
         source.stop()
         while (samples := source.read(0.0)) is not None:  # what was captured before the stop
             yield from _feed(stream, samples)
-        stream.dropped_blocks = source.dropped_blocks
+        _count_drops(stream, source)
         if source.error is not None:
             yield Error(str(source.error))
         yield from stream.flush()
@@ -818,11 +821,16 @@ def live_events(model: WhisperModel, source, options: StreamOptions | None = Non
 def _pump(stream: _Stream, source, stop: threading.Event) -> Iterator[Event]:
     while not stop.is_set():
         samples = source.read(0.1)
-        stream.dropped_blocks = source.dropped_blocks
+        _count_drops(stream, source)
         if samples is not None:
             yield from _feed(stream, samples)
         elif source.finished:
             return
+
+
+def _count_drops(stream: _Stream, source) -> None:
+    stream.dropped_blocks = source.dropped_blocks
+    stream.dropped_by_input = tuple(getattr(source, "dropped_by_input", ()))
 
 
 def _feed(stream: _Stream, samples: np.ndarray) -> Iterator[Event]:
