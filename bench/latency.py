@@ -14,7 +14,8 @@ its latencies are
 Steadiness: rewrites per minute of audio, the tentative words a viewer saw replaced or dropped
 (`Metrics.rewrites`, which tests/test_streaming.py recounts from the events).
 
-`--audio-ctx`, `--step` and `--hold` (StreamOptions.hold_steps) take comma-separated values; every combination is a configuration, and
+`--policy` (local-agreement, alignatt), `--frames` (StreamOptions.alignatt_frames), `--audio-ctx`, `--step`
+and `--hold` (StreamOptions.hold_steps) take comma-separated values; every combination is a configuration, and
 the configurations are interleaved clip by clip (each clip runs them all, starting with a different one
 each time), so that a shared machine's changing load falls on all of them alike. The 1-minute load
 average is recorded before every run. The offline transcription is made once per clip.
@@ -23,8 +24,8 @@ average is recorded before every run. The offline transcription is made once per
 configuration (throughput and memory: RSS after model load and at the end, RTF, WER). Runs under the
 project venv (.venv), since it imports Aural. Writes bench/results/latency.json and latency.md.
 
-Usage: .venv/bin/python bench/latency.py [--speed 1.0] [--audio-ctx auto,full] [--step 1.0,0.5]
-       [--hold 0,1] [--threads 1] [--clips a.wav,b.flac] [--long-minutes 10]
+Usage: .venv/bin/python bench/latency.py [--speed 1.0] [--policy local-agreement,alignatt] [--frames 15,25]
+       [--audio-ctx auto,full] [--step 1.0,0.5] [--hold 0,1] [--threads 1] [--clips a.wav,b.flac] [--long-minutes 10]
 """
 
 from __future__ import annotations
@@ -300,7 +301,7 @@ def measure_long(model: WhisperModel, clips, minutes: float, options: StreamOpti
 _CLIP_HEADER = ("clip", "audio s", "words matched", "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s",
                 "RTF", "first partial s", "encoder ms", "step ms", "tokens/step", "rewrites", "dropped", "load 1m",
                 "WER offline %", "WER stream %")
-_SUMMARY_HEADER = ("config", "audio ctx", "step s", "hold steps", "partial p50 s", "partial p90 s", "commit p50 s",
+_SUMMARY_HEADER = ("config", "policy", "audio ctx", "step s", "hold steps", "partial p50 s", "partial p90 s", "commit p50 s",
                    "commit p90 s", "rewrites/min", "first partial s", "RTF", "encoder ms/step", "step ms", "tokens/step", "decode ms/token",
                    "dropped", "load 1m", "WER offline %", "WER stream %")
 
@@ -318,7 +319,10 @@ def _clip_row(r: dict) -> tuple:
 def _summary_row(config: dict) -> tuple:
     s = config["summary"]
     # Runs before hold_steps existed showed every hypothesis as it came (0) and counted no rewrites.
-    return (config["name"], config["options"]["audio_ctx"], config["options"]["step_s"],
+    policy = config["options"].get("policy", "local-agreement")
+    if policy == "alignatt":
+        policy += f" (f {config['options']['alignatt_frames']})"
+    return (config["name"], policy, config["options"]["audio_ctx"], config["options"]["step_s"],
             config["options"].get("hold_steps", 0), fmt(s["partial"]["p50"]), fmt(s["partial"]["p90"]),
             fmt(s["commit"]["p50"]), fmt(s["commit"]["p90"]), fmt(s.get("rewrites_per_min"), 1),
             fmt(s["first_partial_median_s"]), fmt(s["rtf_mean"]), fmt(s["encoder_ms"], 0), fmt(s["step_ms"], 0),
@@ -392,11 +396,18 @@ def _percent(errors: int, words: int) -> float | None:
     return 100 * errors / words if words else None
 
 
-def configs_of(audio_ctx: str, steps: str, holds: str) -> list[Config]:
-    """Every (audio context, step, hold) combination, named like "auto/0.5/hold1"."""
-    return [Config(f"{ctx}/{float(step)!r}/hold{int(hold)}",
-                   StreamOptions(audio_ctx=ctx, step_s=float(step), hold_steps=int(hold)))
-            for ctx, step, hold in itertools.product(audio_ctx.split(","), steps.split(","), holds.split(","))]
+def configs_of(policies: str, frames: str, audio_ctx: str, steps: str, holds: str) -> list[Config]:
+    """Every (policy, AlignAtt frames, audio context, step, hold) combination, named like
+    "alignatt-f25/auto/0.5/hold1" (frames only vary AlignAtt)."""
+    configs = []
+    for policy, ctx, step, hold in itertools.product(policies.split(","), audio_ctx.split(","), steps.split(","),
+                                                     holds.split(",")):
+        for f in frames.split(",") if policy == "alignatt" else [frames.split(",")[0]]:
+            name = f"{policy}-f{int(f)}" if policy == "alignatt" else policy
+            configs.append(Config(f"{name}/{ctx}/{float(step)!r}/hold{int(hold)}",
+                                  StreamOptions(policy=policy, alignatt_frames=int(f), audio_ctx=ctx,
+                                                step_s=float(step), hold_steps=int(hold))))
+    return configs
 
 
 def run_interleaved(model: WhisperModel, clips, configs: list[Config], speed: float) -> dict[str, list[ClipResult]]:
@@ -419,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speed", type=float, default=1.0, help="replay pace (1.0 real time; 0 as fast as decoded)")
     p.add_argument("--step", default="1.0", help="StreamOptions.step_s, comma-separated values to compare")
     p.add_argument("--audio-ctx", default="auto", help="StreamOptions.audio_ctx, comma-separated: auto,full")
+    p.add_argument("--policy", default=StreamOptions.policy, help="StreamOptions.policy, comma-separated")
+    p.add_argument("--frames", default=str(StreamOptions.alignatt_frames),
+                   help="StreamOptions.alignatt_frames (encoder positions of 20 ms), comma-separated")
     p.add_argument("--hold", default=str(StreamOptions.hold_steps),
                    help="StreamOptions.hold_steps, comma-separated values to compare")
     p.add_argument("--clips", help="comma-separated clip names (default: the 18 English dev clips)")
@@ -433,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.speed <= 0:
         p.error("--speed must be positive: latency needs a clock")
     try:
-        configs = configs_of(args.audio_ctx, args.step, args.hold)
+        configs = configs_of(args.policy, args.frames, args.audio_ctx, args.step, args.hold)
     except ValueError as exc:
         p.error(str(exc))
     clips = english_dev_clips()

@@ -20,7 +20,7 @@ import numpy as np
 
 from .text.tokenizer import WhisperTokenizer
 
-__all__ = ["WordTiming", "dtw", "find_alignment", "median_filter", "merge_punctuations", "split_words"]
+__all__ = ["WordTiming", "dtw", "find_alignment", "median_filter", "merge_punctuations", "split_words", "token_positions"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,24 +130,12 @@ def find_alignment(ctx, tokenizer: WhisperTokenizer, text_tokens: Sequence[int],
     """
     if not text_tokens:
         return []
-    sot = list(tokenizer.sot_sequence)
-    tokens = np.asarray([*sot, tokenizer.no_timestamps, *text_tokens, tokenizer.eot], dtype=np.int32)
-    weights, logits = ctx.align(tokens, [tuple(h) for h in heads])  # [H, T, n_cross], [T, n_vocab]
-
+    matrix, logits = _attention(ctx, tokenizer, text_tokens, n_frames, heads)
+    sot = tokenizer.sot_sequence
     # Probability of each text token given what precedes it (row i predicts token i + 1).
     rows = logits[len(sot):len(sot) + len(text_tokens), :tokenizer.eot].astype(np.float64)
     rows -= rows.max(axis=-1, keepdims=True)
     probs = np.exp(rows[np.arange(len(text_tokens)), list(text_tokens)]) / np.exp(rows).sum(axis=-1)
-
-    # Keep the frames that hold audio and renormalise: the reference takes a softmax over exactly
-    # those positions, and a softmax restricted and renormalised is the same thing.
-    n_pos = max(1, min(n_frames // 2, weights.shape[-1]))
-    w = weights[:, :, :n_pos].astype(np.float64)
-    w /= np.maximum(w.sum(axis=-1, keepdims=True), 1e-12)
-    # Standardise each head over the tokens, then smooth over time (ref: timing.py find_alignment).
-    w = (w - w.mean(axis=-2, keepdims=True)) / np.maximum(w.std(axis=-2, keepdims=True), 1e-12)
-    matrix = median_filter(w, MEDIAN_WIDTH).mean(axis=0)
-    matrix = matrix[len(sot):-1]  # rows of <|notimestamps|> … last text token: one per token + end
     text_index, time_index = dtw(-matrix)
 
     words, groups = split_words(tokenizer, [*text_tokens, tokenizer.eot], tokenizer.language)
@@ -161,6 +149,38 @@ def find_alignment(ctx, tokenizer: WhisperTokenizer, text_tokens: Sequence[int],
         WordTiming(word, group, float(start), float(end), float(np.mean(probs[i:j])))
         for word, group, start, end, i, j in zip(words[:-1], groups[:-1], starts, ends, bounds[:-1], bounds[1:])
     ]
+
+
+def _attention(ctx, tokenizer: WhisperTokenizer, text_tokens: Sequence[int], n_frames: int,
+               heads: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(text x time similarity [len(text_tokens) + 1, n_frames // 2], logits [T, n_vocab]) of the teacher-forced
+    sequence: the alignment heads' weights over the audio's encoder positions, standardised and smoothed
+    (ref: openai-whisper timing.py find_alignment). Rows: <|notimestamps|> (which predicts the first text
+    token), then each text token."""
+    sot = list(tokenizer.sot_sequence)
+    tokens = np.asarray([*sot, tokenizer.no_timestamps, *text_tokens, tokenizer.eot], dtype=np.int32)
+    weights, logits = ctx.align(tokens, [tuple(h) for h in heads])  # [H, T, n_cross], [T, n_vocab]
+    # Keep the frames that hold audio and renormalise: the reference takes a softmax over exactly
+    # those positions, and a softmax restricted and renormalised is the same thing.
+    n_pos = max(1, min(n_frames // 2, weights.shape[-1]))
+    w = weights[:, :, :n_pos].astype(np.float64)
+    w /= np.maximum(w.sum(axis=-1, keepdims=True), 1e-12)
+    # Standardise each head over the tokens, then smooth over time (ref: timing.py find_alignment).
+    w = (w - w.mean(axis=-2, keepdims=True)) / np.maximum(w.std(axis=-2, keepdims=True), 1e-12)
+    matrix = median_filter(w, MEDIAN_WIDTH).mean(axis=0)
+    return matrix[len(sot):-1], logits  # rows of <|notimestamps|> … last text token: one per token + end
+
+
+def token_positions(ctx, tokenizer: WhisperTokenizer, text_tokens: Sequence[int], n_frames: int,
+                    heads: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The encoder position (20 ms each) each of `text_tokens` attends to most, in the window last encoded in
+    `ctx` (n_frames mel frames of audio): the AlignAtt policy's signal (Wang et al. 2024, Simul-Whisper;
+    SimulStreaming), read from the same alignment heads as the word timestamps. A token's row is the step that
+    predicts it, as when it was decoded: the decoder looks where that token is spoken to write it."""
+    if not text_tokens:
+        return np.zeros(0, dtype=np.int64)
+    matrix, _ = _attention(ctx, tokenizer, text_tokens, n_frames, heads)
+    return np.argmax(matrix[:-1], axis=-1)
 
 
 def merge_punctuations(words: list[WordTiming], prepended: str, appended: str) -> list[WordTiming]:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from whisper_normalizer.english import EnglishTextNormalizer
 
-from aural.engine.alignment import WordTiming, dtw, find_alignment, median_filter, merge_punctuations
+from aural.engine.alignment import WordTiming, dtw, find_alignment, median_filter, merge_punctuations, token_positions
 from aural.engine.audio import load_audio
 from aural.engine.decoding import DecodingOptions, decode_window
 from aural.engine.features import HOP_LENGTH, N_FRAMES, N_SAMPLES, log_mel_spectrogram
@@ -190,6 +190,25 @@ def test_word_times_follow_the_audio(whisper_model, jfk_samples):
     assert [w.word for w in shifted] == [w.word for w in original]
     moves = [b.start - a.start for a, b in zip(original[1:], shifted[1:])]
     assert np.median(moves) == pytest.approx(2.0, abs=0.1)
+
+
+def test_token_positions_follow_the_audio(whisper_model, jfk_samples):
+    """AlignAtt's signal: each token's most attended encoder position. Over JFK they move forward through
+    the recording, and 2 s of silence in front moves them by 2 s (100 positions), within the median
+    filter's width."""
+    ctx = whisper_model.new_session()
+    tok = whisper_model.tokenizer
+    encode(whisper_model, ctx, jfk_samples)
+    text = decode_window(ctx, tok, DecodingOptions(without_timestamps=True), whisper_model.n_text_ctx).tokens
+    heads = whisper_model.alignment_heads
+    n_pos = jfk_samples.size // HOP_LENGTH // 2
+    original = token_positions(ctx, tok, text, jfk_samples.size // HOP_LENGTH, heads)
+    assert original.shape == (len(text),) and np.all((0 <= original) & (original < n_pos))
+    assert np.corrcoef(np.arange(len(text)), original)[0, 1] > 0.9, original
+    later = np.concatenate([np.zeros(2 * SAMPLE_RATE, np.float32), jfk_samples])
+    encode(whisper_model, ctx, later)
+    shifted = token_positions(ctx, tok, text, later.size // HOP_LENGTH, heads)
+    assert np.median(shifted - original) == pytest.approx(100, abs=7)
 
 
 # -- beam search and best-of -------------------------------------------------------------------------

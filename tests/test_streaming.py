@@ -251,6 +251,34 @@ def test_commit_boundaries_neither_repeat_nor_drop_words(dev_runs):
         assert boundary_faults(texts, words(off)) == [], (clip.path.name, texts)
 
 
+@pytest.fixture(scope="module")
+def alignatt_runs(model):
+    """(clip, offline text, events) of each DEV_CLIPS clip replayed as fast as it decodes, AlignAtt committing."""
+    clips = {c.path.name: c for c in english_dev_clips()}
+    return [(clips[name], offline_text(model, clips[name].path),
+             run_stream(model, ReplaySource(clips[name].path, speed=0), options=StreamOptions(policy="alignatt")))
+            for name in DEV_CLIPS]
+
+
+def test_alignatt_commits_match_offline_quality_piece_by_piece(alignatt_runs):
+    """AlignAtt commits before the stream's end (from one hypothesis, not two), loses nothing at the seams,
+    and keeps the offline transcript's quality."""
+    refs, offline, stream = [], [], []
+    for clip, off, events in alignatt_runs:
+        texts = [c.text for c in commits(events)]
+        assert len(texts) > 1, clip.path.name
+        assert boundary_faults(texts, words(off)) == [], (clip.path.name, texts)
+        refs += words(clip.reference)
+        offline += words(off)
+        stream += [w for t in texts for w in words(t)]
+    assert wer(refs, stream) <= wer(refs, offline) + WER_MARGIN, (stream, offline)
+
+
+def test_a_policy_is_one_of_the_known_ones():
+    with pytest.raises(ValueError, match="local-agreement, alignatt"):
+        StreamOptions(policy="wait-k")
+
+
 def test_commits_are_ordered_in_time_and_partials_follow_commits(dev_runs):
     for clip, _, events in dev_runs:
         spans = [(c.start, c.end) for c in commits(events)]

@@ -1,4 +1,4 @@
-"""Live captions from a growing audio window, confirmed by LocalAgreement-2.
+"""Live captions from a growing audio window, confirmed by LocalAgreement-2 or by where the decoder attends.
 
 Every `step_s` of new audio the window (from the last trim point to now) is encoded and decoded again,
 prompted with the committed text that has scrolled out of it. Words on which the last two hypotheses
@@ -18,6 +18,13 @@ bench/results/latency.md, taken under load, keeps those proportions). Too little
 speech makes Whisper loop on short windows (see `audio_ctx_pad_s`); a hypothesis segment that starts
 where the audio ends is dropped, and every word still needs two hypotheses to agree before it is
 committed. The decode grows with the window's text.
+
+`policy="alignatt"` commits from one hypothesis instead (AlignAtt: Papi et al. 2023; with Whisper,
+Simul-Whisper, Wang et al. 2024, and SimulStreaming, Macháček and Polák 2025): the hypothesis' text is
+teacher-forced once more through the alignment heads (alignment.token_positions), and its words up to the
+first token whose most attended encoder position lies in the window's last `alignatt_frames` positions are
+committed: the decoder wrote them from audio it has heard to the end. The rest stays tentative. It waits
+for no second hypothesis, at the cost of one teacher-forced pass per step.
 
 Word times are estimates: each Whisper segment's time span is spread over its words by character count.
 Scripts written without spaces (Chinese, Japanese) are agreed on and committed character by character:
@@ -49,10 +56,11 @@ from typing import Iterator, Sequence, Union
 
 import numpy as np
 
+from ..alignment import token_positions
 from ..decoding import (REPEATED_SEGMENTS, DecodingOptions, DecodingResult, decode_window, detect_language,
                         too_repetitive)
 from ..errors import AuralError
-from ..features import AUDIO_CTX_MODES, N_SAMPLES, context_frames, window_mel
+from ..features import AUDIO_CTX_MODES, HOP_LENGTH, N_SAMPLES, context_frames, window_mel
 from ..metrics import TokenTimer, peak_rss_mb
 from ..runtime import DeviceFallback, FallbackSession, WhisperModel
 from ..text.chinese import default_script, to_script
@@ -69,6 +77,7 @@ SAMPLE_RATE = 16000
 # words/s, ~1.3 BPE tokens per word, plus a timestamp pair per segment; a repetition loop would
 # otherwise run to openai-whisper's 224-token sample_len (~4 s of decoding on one CPU thread) before
 # its compression ratio rejects it.
+POLICIES = ("local-agreement", "alignatt")
 _TOKENS_PER_S = 10.0
 _TOKENS_SLACK = 16
 
@@ -232,6 +241,11 @@ class StreamOptions:
             loop and is discarded (ref: openai-whisper, 2.4).
         repeated_segments_threshold: a hypothesis in which one segment follows itself this many
             times in a row is a repetition loop too (decoding.REPEATED_SEGMENTS); None: not checked.
+        policy: "local-agreement" (a word is committed once two hypotheses in a row agree on it) or
+            "alignatt" (once the decoder wrote it attending to audio before the window's last
+            `alignatt_frames` encoder positions).
+        alignatt_frames: AlignAtt's threshold in encoder positions of 20 ms (SimulStreaming's and
+            Simul-Whisper's frame_threshold; 25 = 0.5 s is their default).
         hold_steps: steps a shown tentative word is kept on screen when a new hypothesis changes it; it
             changes once that many hypotheses in a row disagree with it, so a word that flips back and
             forth stays put (0: every partial shows the latest hypothesis as it is).
@@ -264,6 +278,8 @@ class StreamOptions:
     logprob_threshold: float = -1.0
     compression_ratio_threshold: float = 2.4
     repeated_segments_threshold: int | None = REPEATED_SEGMENTS
+    policy: str = "local-agreement"
+    alignatt_frames: int = 25
     hold_steps: int = 1
     rtf_steps: int = 10
     vad: VadOptions = field(default_factory=VadOptions)
@@ -277,6 +293,10 @@ class StreamOptions:
         if self.audio_ctx_pad_s < 0 or not 0 < self.audio_ctx_bucket_s <= N_SAMPLES / SAMPLE_RATE:
             raise ValueError("need audio_ctx_pad_s >= 0 and 0 < audio_ctx_bucket_s <= 30 s, got "
                              f"{self.audio_ctx_pad_s}, {self.audio_ctx_bucket_s}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {self.policy!r}")
+        if self.alignatt_frames < 0:
+            raise ValueError(f"need alignatt_frames >= 0, got {self.alignatt_frames}")
         if self.hold_steps < 0:
             raise ValueError(f"need hold_steps >= 0, got {self.hold_steps}")
         if not 0 < self.step_s <= self.max_step_s:
@@ -567,7 +587,10 @@ class _Stream:
         hyp, result = self._decode()
         done = _skip_committed(self._committed_in_window(), hyp.words)
         tail = hyp.words[done:]
-        agreed = _agreement(self.tail, tail)
+        if self.options.policy == "alignatt":
+            agreed = max(0, min(len(tail), self._heard_words(result) - done))
+        else:
+            agreed = _agreement(self.tail, tail)
         if agreed:
             yield self._commit(tail[:agreed])
         self.tail = _newer_tail(self.tail[agreed:], tail[agreed:])
@@ -639,6 +662,22 @@ class _Stream:
         if hyp.words and self.silence_from is not None and self.silence_from > self.window_start:
             self._mark_pause(hyp.words)
         return hyp, result
+
+    def _heard_words(self, result: DecodingResult) -> int:
+        """How many of the hypothesis' words (committed ones in the window included) the decoder wrote from
+        audio before the window's last `alignatt_frames` encoder positions (AlignAtt)."""
+        tokenizer = self.model.tokenizer
+        text = [t for t in result.tokens if t < tokenizer.eot]
+        n_frames = self.audio.size // HOP_LENGTH
+        positions = token_positions(self.ctx, tokenizer, text, n_frames, self.model.alignment_heads)
+        late = np.flatnonzero(positions >= n_frames // 2 - self.options.alignatt_frames)
+        if not late.size:
+            return len(_units(tokenizer.decode(text)))
+        k = int(late[0])
+        heard = _units(tokenizer.decode(text[:k]))
+        # A word the first late token continues (no leading space) is not whole yet.
+        whole = tokenizer.decode([text[k]]).startswith(" ") or not heard
+        return len(heard) if whole else len(heard) - 1
 
     def _rejected(self, result: DecodingResult) -> bool:
         """Silence by Whisper's own judgement, or a repetition loop (ref: openai-whisper transcribe.py)."""
