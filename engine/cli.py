@@ -514,6 +514,13 @@ def _add_live(subparsers: Any) -> None:
                    help="keep the decoder KV cache on the device or on the host (default: device)")
     p.add_argument("--step", type=float, default=1.0, metavar="S",
                    help="seconds of audio between decodes (default: 1.0)")
+    p.add_argument("--policy", choices=["local-agreement", "alignatt"], default="local-agreement",
+                   help="when a word is final: once two hypotheses in a row agree on it (local-agreement, the "
+                        "default), or once the decoder wrote it from audio it has heard to the end (alignatt: "
+                        "sooner, one hypothesis)")
+    p.add_argument("--frames", type=int, default=25, metavar="F",
+                   help="alignatt: a word is final once its tokens attend before the last F encoder positions "
+                        "of 20 ms (default: 25)")
     p.add_argument("--hold", type=int, default=1, metavar="N",
                    help="steps a shown tentative word stays when a new hypothesis changes it, so words that "
                         "flip back and forth do not flicker (default: 1; 0 shows every hypothesis)")
@@ -561,7 +568,8 @@ def _run_live(args: argparse.Namespace) -> int:
         inputs = [open_input(name, devices) for name in args.device or [None]]
         source = inputs[0] if len(inputs) == 1 else MixSource(inputs)
     try:
-        options = StreamOptions(step_s=args.step, audio_ctx=args.audio_ctx, hold_steps=args.hold,
+        options = StreamOptions(step_s=args.step, audio_ctx=args.audio_ctx, hold_steps=args.hold, policy=args.policy,
+                                alignatt_frames=args.frames,
                                 language=normalize_language(args.language), zh_script=args.zh_script)
     except ValueError as exc:
         return _usage_error(args.parser, str(exc))

@@ -480,6 +480,19 @@ def test_live_command_prints_json_events(jfk_wav):
     assert "live: 11.0 s audio" in result.stderr and "0 dropped blocks" in result.stderr
 
 
+def test_live_command_commits_by_attention_with_policy_alignatt(jfk_wav):
+    result = subprocess.run(live_command("--replay", jfk_wav, "--speed", "0", "--json", "--policy", "alignatt",
+                                         "--frames", "25", "--hold", "0"),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    committed = [e["text"] for e in events if e["type"] == "commit"]
+    assert len(committed) > 1 and wer(words(JFK), words(" ".join(committed))) <= 1 / len(words(JFK)), committed
+    bad = subprocess.run(live_command("--replay", jfk_wav, "--hold", "-1"), capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode != 0 and "hold_steps" in bad.stderr.strip().splitlines()[-1]
+
+
 def test_ctrl_c_commits_the_tail_and_prints_a_summary(jfk_wav):
     proc = subprocess.Popen(live_command("--replay", jfk_wav, "--json"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

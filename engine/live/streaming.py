@@ -73,11 +73,11 @@ __all__ = ["Partial", "Commit", "Metrics", "Error", "DeviceFallback", "Event", "
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
+POLICIES = ("local-agreement", "alignatt")  # StreamOptions.policy
 # Most tokens one step may sample: 10 per second of window plus 16. Fast English speech is about 4-5
 # words/s, ~1.3 BPE tokens per word, plus a timestamp pair per segment; a repetition loop would
 # otherwise run to openai-whisper's 224-token sample_len (~4 s of decoding on one CPU thread) before
 # its compression ratio rejects it.
-POLICIES = ("local-agreement", "alignatt")
 _TOKENS_PER_S = 10.0
 _TOKENS_SLACK = 16
 

@@ -1,0 +1,109 @@
+"""Streaming WER on the widened English sets, per live commit policy: what choosing a policy costs in words.
+
+bench/latency.py measures latency on the 18 dev clips, too few to choose on (issue #17). Here every file
+of bench/accuracy.py's sets (dev, long, phone, noisy; 3681 words) is streamed through
+`streaming.live_events` as fast as it decodes (ReplaySource at speed 0: the same steps as at real-time
+pace, without the waiting), and the concatenated commits are scored against the reference with the same
+normaliser. Each configuration runs in its own process with one CPU thread, the configurations side by
+side.
+
+    .venv/bin/python bench/stream_accuracy.py --configs local-agreement,alignatt-f25
+
+Writes bench/results/<--name>.json and .md (default stream-accuracy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accuracy import SETS, build_sets  # noqa: E402
+from common import RESULTS, fmt, machine_info, md_table, word_errors  # noqa: E402
+
+SAMPLE_RATE = 16000
+
+
+def options_of(config: str):
+    """"local-agreement" or "alignatt-f<frames>" as StreamOptions."""
+    from aural.engine.live.streaming import StreamOptions
+
+    if config.startswith("alignatt-f"):
+        return StreamOptions(policy="alignatt", alignatt_frames=int(config.removeprefix("alignatt-f")))
+    return StreamOptions(policy=config)
+
+
+def stream_sets(config: str, sets: dict) -> dict:
+    """{set: [errors, reference words]} of one configuration, in its own process."""
+    from aural.engine.live.capture import ReplaySource
+    from aural.engine.live.streaming import Commit, live_events
+    from aural.engine.models.store import resolve_model
+    from aural.engine.runtime import WhisperModel
+
+    model = WhisperModel(resolve_model(None), n_threads=1)
+    options = options_of(config)
+    out = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name, files in sets.items():
+            errors = words = 0
+            for k, f in enumerate(files):
+                wav = Path(folder) / f"{k}.wav"
+                sf.write(wav, np.load(f["path"]), SAMPLE_RATE, subtype="FLOAT")
+                events = live_events(model, ReplaySource(wav, speed=0), options)
+                text = " ".join(e.text for e in events if isinstance(e, Commit))
+                e, n = word_errors(f["reference"], text)
+                errors, words = errors + e, words + n
+            out[name] = [errors, words]
+    return out
+
+
+def markdown(report: dict) -> str:
+    header = ("config", *(f"{s} ({report['words'][s]} words)" for s in SETS), f"all ({sum(report['words'].values())} words)")
+    rows = []
+    for config, per_set in report["results"].items():
+        cells = [f"{fmt(100 * e / n, 2)} ({e})" for e, n in (per_set[s] for s in SETS)]
+        e_all = sum(per_set[s][0] for s in SETS)
+        rows.append((config, *cells, f"{fmt(100 * e_all / sum(report['words'].values()), 2)} ({e_all})"))
+    return "\n".join([
+        "# Streaming WER on the widened sets, per commit policy", "",
+        f"{report['started']} · CPU: {report['machine']['cpu']}, 1 thread per configuration · commit "
+        f"{report['commit']} · command: `{report['command']}`", "",
+        "Sets as in accuracy.md (dev, long, phone 8 kHz, noisy 10 dB). Each file streamed at speed 0 through "
+        "live_events with the default StreamOptions but the policy; cells: corpus WER % of the commits "
+        "(word errors).", "", md_table(header, rows), ""])
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--configs", default="local-agreement,alignatt-f25",
+                   help="comma-separated: local-agreement, alignatt-f<frames>")
+    p.add_argument("--name", default="stream-accuracy", help="results file stem")
+    args = p.parse_args(argv)
+    import datetime as dt
+    import subprocess
+
+    sets, _ = build_sets()
+    configs = args.configs.split(",")
+    for config in configs:
+        options_of(config)  # a bad name fails here, before any work
+    with ProcessPoolExecutor(max_workers=len(configs)) as pool:
+        results = dict(zip(configs, pool.map(stream_sets, configs, [sets] * len(configs))))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    report = {"started": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine_info(), "commit": commit,
+              "command": "bench/stream_accuracy.py " + " ".join(argv),
+              "words": {s: results[configs[0]][s][1] for s in SETS}, "results": results}
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2))
+    (RESULTS / f"{args.name}.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
