@@ -186,6 +186,20 @@ def test_encoder_attention_is_within_f32_rounding(level, n):
                                          n_head)
 
 
+def f16(x: np.ndarray) -> np.ndarray:
+    """x as the KV arena holds it (f16), widened to float64 for a reference."""
+    return x.astype(np.float16).astype(np.float64)
+
+
+def decoder_attention_inputs(n_q: int, n: int, n_head: int):
+    """Random q (n_q, n_state) and k, v (n, n_state), float32, for the decoder's attention ops (head_dim 64)."""
+    rng = np.random.default_rng(n_q + n)
+    n_state = n_head * 64
+    q = rng.normal(0, 1, (n_q, n_state)).astype(np.float32)
+    k, v = (rng.normal(0, 2, (n, n_state)).astype(np.float32) for _ in range(2))
+    return rng, q, k, v
+
+
 @pytest.mark.parametrize("n_q, n_cross, n_head", [(1, 1500, 6), (5, 1500, 6), (9, 37, 8), (224, 1500, 20)])
 def test_decoder_cross_attention_is_within_f32_rounding(level, n_q, n_cross, n_head):
     """The decoder's cross-attention over f16 K/V (as the KV arena holds them) in f32: each score is one
@@ -194,12 +208,8 @@ def test_decoder_cross_attention_is_within_f32_rounding(level, n_q, n_cross, n_h
     heads are a prompt of large-v3's shape."""
     if level.kernel_isa == "baseline":
         pytest.skip("Aural's cross-attention needs AVX2 or AVX-512")
-    rng = np.random.default_rng(n_q + n_cross)
-    n_state = n_head * 64
-    q = rng.normal(0, 1, (n_q, n_state)).astype(np.float32)
-    k, v = (rng.normal(0, 2, (n_cross, n_state)).astype(np.float32) for _ in range(2))
+    _, q, k, v = decoder_attention_inputs(n_q, n_cross, n_head)
     got = _native.kernel_cross_attention(q, k, v, n_head).astype(np.float64)
-    f16 = lambda x: x.astype(np.float16).astype(np.float64)  # noqa: E731
     assert_attention_within_f32_rounding(got, q.astype(np.float64), f16(k).T, f16(v), n_head)
 
 
@@ -211,15 +221,11 @@ def test_decoder_self_attention_is_within_f32_rounding(level, n_q, n_ctx, n_head
     2240 a beam-5 one, 20 heads large-v3's."""
     if level.kernel_isa == "baseline":
         pytest.skip("Aural's self-attention needs AVX2 or AVX-512")
-    rng = np.random.default_rng(n_q + n_ctx)
-    n_state = n_head * 64
-    q = rng.normal(0, 1, (n_q, n_state)).astype(np.float32)
-    k, v = (rng.normal(0, 2, (n_ctx, n_state)).astype(np.float32) for _ in range(2))
+    rng, q, k, v = decoder_attention_inputs(n_q, n_ctx, n_head)
     visible = rng.random((n_q, n_ctx)) < 0.3
     if n_q > 1:
         visible[-1] = False
     got = _native.kernel_self_attention(q, k, v, visible, n_head).astype(np.float64)
-    f16 = lambda x: x.astype(np.float16).astype(np.float64)  # noqa: E731
     for r, cells in enumerate(visible):
         if not cells.any():
             assert np.all(got[r] == 0.0)
