@@ -415,7 +415,7 @@ inline void self_attend(ggml_tensor * dst, int n_head, int ith, int nth) {
         for (int i = 0; i < n_vec; ++i) acc[i] = O::zero();
         float * out = static_cast<float *>(dst->data) + r * n_state + h * cross_head_dim;
         if (n > 0) {
-            const float mx = *std::max_element(w.begin(), w.begin() + n);
+            const float mx = row_max<O::W>(w.data(), n);
             float sum = 0.0f;
             for (int64_t j = 0; j < n; ++j) sum += (w[j] = exp_neg(mx - w[j]));
             for (int64_t j = 0; j < n; ++j) {
