@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from common import CACHE, CT2_ISA, RESULTS, aural_python, fmt, md_table, run_prep, run_worker, word_errors  # noqa: E402
+from common import CACHE, RESULTS, ct2_env, aural_python, fmt, md_table, run_prep, run_worker, word_errors  # noqa: E402
 
 SAMPLE_RATE = 16000
 SNR_DB = 10.0
@@ -115,8 +115,8 @@ def measure(level: str, config: str, beam: int, sets: dict[str, list[dict[str, A
     env = dict(env)
     if level != "native":
         env["AURAL_CPU_VARIANT"] = level
-    if CT2_ISA.get(level):
-        env["CT2_FORCE_CPU_ISA"] = CT2_ISA[level]
+    if engine != "aural":
+        env.update(ct2_env(level))
     model = models["gguf"] if engine == "aural" else models["ct2_dir"]
     inputs = [{"key": f["key"], "path": f["path"]} for files in sets.values() for f in files]
     python = aural_python() if engine == "aural" else str(common.BENCH_PYTHON)

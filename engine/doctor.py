@@ -50,6 +50,7 @@ def _native_report() -> dict[str, Any]:
         "native": {"available": True, "ggml_version": _native.ggml_version()},
         "cpu": cpu.cpu_class(),
         "cpu_level": {"variant": level.variant, "reason": level.reason, "kernel_isa": level.kernel_isa,
+                      "int8_kernel": level.int8_kernel,
                       "runnable": list(level.runnable), "extra_buffers": level.bufts, "excluded": list(level.excluded)},
         "devices": devices,
         "backend_problems": list(_native.backend_problems()),
@@ -108,7 +109,7 @@ def _model_status() -> dict[str, Any]:
 
 def _format_kernels(kernels: dict[str, bool]) -> str:
     """Aural's own CPU kernels this CPU runs; the others fall back to ggml's (README: CPU-only speed-ups)."""
-    names = {"int8_matmul": "int8 matmul (AVX2 / VNNI)", "encoder_attention": "encoder attention"}
+    names = {"int8_matmul": "int8 matmul", "encoder_attention": "encoder attention"}
     used = [names.get(k, k) for k, on in kernels.items() if on]
     return ", ".join(used) if used else "none (ggml's kernels only)"
 
@@ -137,7 +138,8 @@ def format_report(report: dict[str, Any]) -> str:
             *([("gpu", note)] if (note := _gpu_note(report["devices"], report["backend_problems"])) else []),
             ("default threads", str(report["default_threads"])),
             ("cpu features", " ".join(k if v == "1" else f"{k}={v}" for k, v in report["cpu_features"].items())),
-            ("aural cpu kernels", _format_kernels(report["cpu_kernels"]) + f" (up to {report['cpu_level']['kernel_isa']})"),
+            ("aural cpu kernels", _format_kernels(report["cpu_kernels"])
+             + f" (up to {report['cpu_level']['kernel_isa']}; int8 by {report['cpu_level']['int8_kernel']})"),
         ]
     for name, status in report["packages"].items():
         shown = (status["version"] or "available") if status["available"] else f"missing ({status['error']})"

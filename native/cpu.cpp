@@ -26,6 +26,7 @@ bool loaded = false;
 std::string in_use = "built-in";
 std::string reason = "this ggml build links its CPU backend in (no variants to choose from)";
 std::atomic<int> cap{-1};  // kernel_isa(), computed once the CPU backend is registered
+std::atomic<bool> avx_vnni{false};  // kernel_avx_vnni(), set with cap
 std::vector<backend_load> other_loads;  // load_other_backends(), once
 
 // Where GGML_BACKEND_DL builds put their backends: the bin/ folder of the prefix ggml-python installed into
@@ -81,10 +82,15 @@ std::string names(const std::vector<cpu_variant> & variants, bool runnable_only)
     return out.empty() ? "none" : out;
 }
 
-isa compute_cap() {
+struct kernel_caps {
+    isa level = isa::baseline;
+    bool avx_vnni = false;
+};
+
+kernel_caps compute_caps() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
-    if (!reg) return isa::baseline;
+    if (!reg) return {};
     // The variant's compile-time features (ggml_cpu_has_*), and what this CPU and its OS run.
     const std::map<std::string, std::string> features = backend_features(reg);
     auto has = [&](const char * name) {
@@ -95,9 +101,10 @@ isa compute_cap() {
     const bool avx512 = avx2 && has("AVX512") && __builtin_cpu_supports("avx512f") &&
                         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
     const bool vnni = avx512 && has("AVX512_VNNI") && __builtin_cpu_supports("avx512vnni");
-    return vnni ? isa::avx512_vnni : avx512 ? isa::avx512 : avx2 ? isa::avx2 : isa::baseline;
+    return {vnni ? isa::avx512_vnni : avx512 ? isa::avx512 : avx2 ? isa::avx2 : isa::baseline,
+            avx2 && has("AVX_VNNI") && __builtin_cpu_supports("avxvnni")};
 #else
-    return isa::baseline;
+    return {};
 #endif
 }
 
@@ -199,9 +206,11 @@ void load_dynamic_backends() {
                                                std::to_string(chosen->score) + ")";
     }
     loaded = true;
-    cap = static_cast<int>(compute_cap());
-    AURAL_LOG_INFO("CPU variant %s (%s); Aural's kernels up to %s", in_use.c_str(), reason.c_str(),
-                   isa_name(static_cast<isa>(cap.load())));
+    const kernel_caps caps = compute_caps();
+    avx_vnni = caps.avx_vnni;
+    cap = static_cast<int>(caps.level);
+    AURAL_LOG_INFO("CPU variant %s (%s); Aural's kernels up to %s%s", in_use.c_str(), reason.c_str(),
+                   isa_name(caps.level), caps.avx_vnni ? " and AVX-VNNI" : "");
 }
 
 std::vector<backend_load> dynamic_backend_loads() {
@@ -230,6 +239,11 @@ isa kernel_isa() {
         ensure_backends_loaded();
     }
     return static_cast<isa>(cap.load());
+}
+
+bool kernel_avx_vnni() {
+    kernel_isa();  // loads the backends
+    return avx_vnni.load();
 }
 
 }  // namespace aural

@@ -75,4 +75,9 @@ bool buft_allowed(const std::string & name);
 // nothing above it, so AURAL_CPU_VARIANT=haswell runs AVX2 code only, in ggml and in Aural alike.
 isa kernel_isa();
 
+// AVX-VNNI (VEX-encoded VPDPBUSD on 256-bit registers) where both this CPU and the loaded variant have it:
+// ggml's alderlake variant (Alder Lake and later Intel client cores, Zen 5), not haswell, skylakex or icelake.
+// It sits beside the isa line, not on it: Skylake-X has AVX-512 without it, Alder Lake has it without AVX-512.
+bool kernel_avx_vnni();
+
 }  // namespace aural

@@ -12,6 +12,7 @@
 #define AURAL_VNNI_KERNELS 1
 #define AURAL_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define AURAL_AVX2 __attribute__((target("avx2,fma")))
+#define AURAL_AVX_VNNI __attribute__((target("avx2,fma,avxvnni")))
 #endif
 
 namespace aural {
@@ -67,7 +68,11 @@ AURAL_VNNI void quantize_column(const float * x, int64_t n_cols, uint8_t * out) 
     std::memcpy(out + n_cols, &s, sizeof s);
 }
 
-bool vnni() { return kernel_isa() >= isa::avx512_vnni; }
+enum class kernel { avx2, avx_vnni, avx512_vnni };
+
+kernel widest() {
+    return kernel_isa() >= isa::avx512_vnni ? kernel::avx512_vnni : kernel_avx_vnni() ? kernel::avx_vnni : kernel::avx2;
+}
 
 // AVX2 without VNNI: the same quantised activations and the same integer sums, so the same output bits.
 // VPMADDUBSW multiplies unsigned by signed bytes into saturating 16-bit pair sums; with u = q + 128 a pair
@@ -94,7 +99,7 @@ AURAL_AVX2 void quantize_column_avx2(const float * x, int64_t n_cols, uint8_t * 
 void quantize_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * x = dst->src[0];
     const int64_t n_cols = x->ne[0], m = x->ne[1];
-    const auto quantize = vnni() ? quantize_column : quantize_column_avx2;
+    const auto quantize = widest() == kernel::avx512_vnni ? quantize_column : quantize_column_avx2;
     for (int64_t c = ith; c < m; c += nth) {
         quantize(static_cast<const float *>(x->data) + c * n_cols, n_cols, static_cast<uint8_t *>(dst->data) + c * dst->nb[1]);
     }
@@ -148,6 +153,27 @@ AURAL_VNNI void panel_cols(const int8_t * panel, int64_t n_cols, const uint8_t *
     }
 }
 
+// The int32 sums q w of C columns (rows 0-7 in lo, 8-15 in hi) scaled by the panel's row scales (at `tail`)
+// and each column's activation scale (at xs, xq_stride apart): the same two f32 products as the AVX-512
+// kernel, so the same bits. `live` rows of 16 are stored.
+template <int C>
+AURAL_AVX2 inline __attribute__((always_inline)) void store_tile_avx2(const __m256i * lo, const __m256i * hi,
+                                                                      const int8_t * tail, const uint8_t * xs,
+                                                                      int64_t xq_stride, float * out,
+                                                                      int64_t out_stride, int live) {
+    const auto * w_scale = reinterpret_cast<const float *>(tail);
+    const __m256 scale_lo = _mm256_loadu_ps(w_scale), scale_hi = _mm256_loadu_ps(w_scale + 8);
+    for (int c = 0; c < C; ++c) {
+        float x_scale;
+        std::memcpy(&x_scale, xs + c * xq_stride, sizeof x_scale);
+        const __m256 s = _mm256_set1_ps(x_scale);
+        alignas(32) float y[int8_panel_rows];
+        _mm256_store_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(lo[c]), _mm256_mul_ps(scale_lo, s)));
+        _mm256_store_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi[c]), _mm256_mul_ps(scale_hi, s)));
+        std::memcpy(out + c * out_stride, y, live * sizeof(float));
+    }
+}
+
 template <int C>
 AURAL_AVX2 inline __attribute__((always_inline)) void panel_tile_avx2(const int8_t * panel, int64_t n_cols,
                                                                       const uint8_t * xq, int64_t xq_stride,
@@ -170,17 +196,7 @@ AURAL_AVX2 inline __attribute__((always_inline)) void panel_tile_avx2(const int8
             hi[c] = _mm256_add_epi32(hi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(w_hi, q)), ones));
         }
     }
-    const auto * w_scale = reinterpret_cast<const float *>(panel + n_cols * int8_panel_rows);
-    const __m256 scale_lo = _mm256_loadu_ps(w_scale), scale_hi = _mm256_loadu_ps(w_scale + 8);
-    for (int c = 0; c < C; ++c) {
-        float x_scale;
-        std::memcpy(&x_scale, xq + c * xq_stride + n_cols, sizeof x_scale);
-        const __m256 xs = _mm256_set1_ps(x_scale);
-        alignas(32) float y[int8_panel_rows];
-        _mm256_store_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(lo[c]), _mm256_mul_ps(scale_lo, xs)));
-        _mm256_store_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi[c]), _mm256_mul_ps(scale_hi, xs)));
-        std::memcpy(out + c * out_stride, y, live * sizeof(float));
-    }
+    store_tile_avx2<C>(lo, hi, panel + n_cols * int8_panel_rows, xq + n_cols, xq_stride, out, out_stride, live);
 }
 
 constexpr int block_cols_avx2 = 4;  // 8 accumulators, 2 weight halves and 3 temporaries of 16 ymm registers
@@ -198,21 +214,78 @@ AURAL_AVX2 void panel_cols_avx2(const int8_t * panel, int64_t n_cols, const uint
     }
 }
 
+// AVX-VNNI (VPDPBUSD on ymm registers): the AVX-512 kernel's arithmetic in two 8-row halves. The activations
+// keep their +128 offset and the panel's 128 x row sums come back out, so the int32 sums are those of the
+// other two kernels: the same bits, in one instruction per 32 byte pairs where the AVX2 kernel takes six.
+template <int C>
+AURAL_AVX_VNNI inline __attribute__((always_inline)) void panel_tile_avx_vnni(const int8_t * panel, int64_t n_cols,
+                                                                              const uint8_t * xq, int64_t xq_stride,
+                                                                              float * out, int64_t out_stride,
+                                                                              int live) {
+    const int8_t * tail = panel + n_cols * int8_panel_rows;
+    const __m256i * sums = reinterpret_cast<const __m256i *>(tail + 64);
+    const __m256i offset_lo = _mm256_slli_epi32(_mm256_loadu_si256(sums), 7);
+    const __m256i offset_hi = _mm256_slli_epi32(_mm256_loadu_si256(sums + 1), 7);
+    __m256i lo[C], hi[C];
+    for (int c = 0; c < C; ++c) {
+        lo[c] = hi[c] = _mm256_setzero_si256();
+    }
+    for (int64_t g = 0; g < n_cols / 4; ++g) {
+        const __m256i w_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(panel + g * 64));
+        const __m256i w_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(panel + g * 64 + 32));
+        for (int c = 0; c < C; ++c) {
+            int32_t four;
+            std::memcpy(&four, xq + c * xq_stride + g * 4, sizeof four);
+            const __m256i u = _mm256_set1_epi32(four);
+            lo[c] = _mm256_dpbusd_avx_epi32(lo[c], u, w_lo);
+            hi[c] = _mm256_dpbusd_avx_epi32(hi[c], u, w_hi);
+        }
+    }
+    for (int c = 0; c < C; ++c) {
+        lo[c] = _mm256_sub_epi32(lo[c], offset_lo);
+        hi[c] = _mm256_sub_epi32(hi[c], offset_hi);
+    }
+    store_tile_avx2<C>(lo, hi, tail, xq + n_cols, xq_stride, out, out_stride, live);
+}
+
+constexpr int block_cols_avx_vnni = 6;  // 12 accumulators, 2 weight halves and the broadcast of 16 ymm registers
+
+template <int C = block_cols_avx_vnni>
+AURAL_AVX_VNNI void panel_cols_avx_vnni(const int8_t * panel, int64_t n_cols, const uint8_t * xq, int64_t xq_stride,
+                                        int64_t m, float * out, int64_t out_stride, int live) {
+    if constexpr (C > 0) {
+        const int64_t done = m / C * C;
+        for (int64_t c = 0; c < done; c += C) {
+            panel_tile_avx_vnni<C>(panel, n_cols, xq + c * xq_stride, xq_stride, out + c * out_stride, out_stride,
+                                   live);
+        }
+        panel_cols_avx_vnni<C - 1>(panel, n_cols, xq + done * xq_stride, xq_stride, m - done,
+                                   out + done * out_stride, out_stride, live);
+    }
+}
+
 // Thread ith of nth computes a contiguous range of panels (16 output rows each) for every column.
 void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * xq = dst->src[1];
     const int64_t n_rows = dst->ne[0], m = dst->ne[1], n_cols = xq->ne[0] - 4, n_panels = w->ne[1];
     const int64_t p0 = n_panels * ith / nth, p1 = n_panels * (ith + 1) / nth;
+    const kernel k = widest();
     for (int64_t p = p0; p < p1; ++p) {
         const int64_t live = std::min<int64_t>(int8_panel_rows, n_rows - p * int8_panel_rows);
         const auto * panel = static_cast<const int8_t *>(w->data) + p * w->nb[1];
         const auto * xq_data = static_cast<const uint8_t *>(xq->data);
         float * out = static_cast<float *>(dst->data) + p * int8_panel_rows;
-        if (vnni()) {
-            panel_cols(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<__mmask16>((1u << live) - 1));
-        } else {
-            panel_cols_avx2(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<int>(live));
+        switch (k) {
+            case kernel::avx512_vnni:
+                panel_cols(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<__mmask16>((1u << live) - 1));
+                break;
+            case kernel::avx_vnni:
+                panel_cols_avx_vnni(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<int>(live));
+                break;
+            case kernel::avx2:
+                panel_cols_avx2(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<int>(live));
+                break;
         }
     }
 }
@@ -220,6 +293,15 @@ void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 }  // namespace
 
 bool int8_matmul_available() { return kernel_isa() >= isa::avx2; }
+
+const char * int8_kernel_name() {
+    if (!int8_matmul_available()) return "none";
+    switch (widest()) {
+        case kernel::avx512_vnni: return "avx512_vnni";
+        case kernel::avx_vnni: return "avx_vnni";
+        default: return "avx2";
+    }
+}
 
 ggml_tensor * int8_matmul(ggml_context * ctx, ggml_tensor * w, int64_t n_rows, ggml_tensor * x) {
     const int64_t n_cols = x->ne[0];
@@ -239,6 +321,8 @@ ggml_tensor * int8_matmul(ggml_context * ctx, ggml_tensor * w, int64_t n_rows, g
 #else  // not x86-64 with GCC or Clang
 
 bool int8_matmul_available() { return false; }
+
+const char * int8_kernel_name() { return "none"; }
 
 ggml_tensor * int8_matmul(ggml_context *, ggml_tensor *, int64_t, ggml_tensor *) {
     throw std::invalid_argument("int8_matmul: not built for this CPU");

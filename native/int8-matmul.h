@@ -1,4 +1,4 @@
-// Matrix products with int8 weights and int8 activations on CPUs with AVX2 (VNNI where present), as
+// Matrix products with int8 weights and int8 activations on CPUs with AVX2 (AVX-VNNI or AVX-512 VNNI where present), as
 // CTranslate2's int8 compute type does: each weight row has one scale (absmax / 127), each activation column
 // one scale, set when it is computed, and the products accumulate exactly in int32, so every CPU level that
 // runs them gives the same bits.
@@ -23,8 +23,12 @@
 
 namespace aural {
 
-// Whether this CPU level runs the kernels: AVX2 (VPMADDUBSW) or AVX-512 VNNI (VPDPBUSD), with the same results.
+// Whether this CPU level runs the kernels: AVX2 (VPMADDUBSW), AVX-VNNI or AVX-512 VNNI (VPDPBUSD on 256 or 512
+// bits), with the same results.
 bool int8_matmul_available();
+
+// The kernel this CPU level runs: "avx512_vnni", "avx_vnni", "avx2" or "none".
+const char * int8_kernel_name();
 
 constexpr int64_t int8_panel_rows = 16;
 

@@ -43,6 +43,10 @@ def test_the_level_in_use_is_one_this_cpu_runs_and_caps_the_kernels(level):
     expected = ("avx512_vnni" if features.get("AVX512_VNNI") == "1" else "avx512" if features.get("AVX512") == "1"
                 else "avx2" if features.get("AVX2") == "1" and features.get("FMA") == "1" else "baseline")
     assert level.kernel_isa == expected
+    with open("/proc/cpuinfo") as info:
+        avx_vnni = features.get("AVX_VNNI") == "1" and "avx_vnni" in info.read().split()
+    assert level.int8_kernel == ("avx512_vnni" if expected == "avx512_vnni" else "avx_vnni" if avx_vnni and expected
+                                 != "baseline" else "none" if expected == "baseline" else "avx2")
     kernels = _native.cpu_kernels()
     assert kernels["int8_matmul"] == (expected != "baseline")  # AVX2 and up
     assert kernels["encoder_attention"] == (expected != "baseline")
@@ -257,12 +261,13 @@ def test_int8_products_are_within_their_quantisation_steps(level, rows, cols, m)
     assert np.abs(got - exact).max() > 0  # the products are quantised: equal only by accident
 
 
-def test_int8_products_are_the_same_bits_with_avx2_and_with_vnni(level, tmp_path):
+@pytest.mark.parametrize("variant, kernel", [("haswell", "avx2"), ("alderlake", "avx_vnni")])
+def test_int8_products_are_the_same_bits_with_each_kernel(level, tmp_path, variant, kernel):
     """The AVX2 kernel (VPSIGNB, VPMADDUBSW, VPMADDWD) forms the same int32 sums of the same int8 values as
-    VPDPBUSD less its unsigned offset, and scales them alike: a haswell child and this VNNI level agree bit
-    for bit, so choosing the level moves no int8 token."""
-    if level.kernel_isa != "avx512_vnni" or "haswell" not in runnable():
-        pytest.skip("needs a CPU with AVX-512 VNNI that also runs ggml's haswell variant")
+    VPDPBUSD (AVX-VNNI on ymm, AVX-512 VNNI on zmm) less its unsigned offset, and all three scale them alike:
+    a child at `variant` and this level agree bit for bit, so choosing the level moves no int8 token."""
+    if variant not in runnable() or level.int8_kernel in ("none", kernel):
+        pytest.skip(f"needs a CPU that runs ggml's {variant} variant and another int8 kernel at its best level")
     rng = np.random.default_rng(7)
     w = rng.normal(0, 0.05, (100, 384)).astype(np.float32)  # 100 rows: a partial last panel
     x = rng.normal(0, 1, (37, 384)).astype(np.float32)  # 37 columns: every tile width of both kernels
@@ -270,10 +275,11 @@ def test_int8_products_are_the_same_bits_with_avx2_and_with_vnni(level, tmp_path
     np.save(tmp_path / "x.npy", x)
     child = ("import numpy as np, sys; from aural.engine import cpu; cpu.configure(); from aural import _native; "
              "d = sys.argv[1]; np.save(d + '/y.npy', _native.kernel_int8_matmul(np.load(d + '/w.npy'), "
-             "np.load(d + '/x.npy')))")
+             "np.load(d + '/x.npy'))); print(_native.cpu_level()['int8_kernel'])")
     proc = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True, text=True,
-                          env={**os.environ, cpu.VARIANT_ENV: "haswell"})
+                          env={**os.environ, cpu.VARIANT_ENV: variant})
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [kernel]
     assert np.array_equal(np.load(tmp_path / "y.npy"), _native.kernel_int8_matmul(w, x))
 
 

@@ -46,13 +46,15 @@ class CpuLevelError(AuralError):
 @dataclass(frozen=True)
 class CpuLevel:
     """variant: ggml's CPU variant in use ("built-in" without variants); reason: why it was chosen;
-    kernel_isa: the widest instruction set Aural's kernels use; bufts: each extra buffer type's probe
+    kernel_isa: the widest instruction set Aural's kernels use; int8_kernel: the int8 products' kernel
+    ("avx512_vnni", "avx_vnni" beside the line of kernel_isa, "avx2", "none"); bufts: each extra buffer type's probe
     verdict ("ok" or why not); excluded: the buffer types that hold no weights; runnable: the variants this
     CPU runs, best first."""
 
     variant: str
     reason: str
     kernel_isa: str
+    int8_kernel: str = "none"
     bufts: dict[str, str] = field(default_factory=dict)
     excluded: tuple[str, ...] = ()
     runnable: tuple[str, ...] = ()
@@ -107,9 +109,9 @@ def _configure() -> CpuLevel:
     except (ValueError, RuntimeError) as exc:  # logic_error: another variant is loaded already
         raise CpuLevelError(str(exc)) from exc
     _current = CpuLevel(variant=native["variant"], reason=native["reason"], kernel_isa=native["kernel_isa"],
-                        bufts=bufts, excluded=excluded, runnable=runnable)
-    logger.info("CPU level %s (%s); kernels up to %s; extra buffers %s", _current.variant, _current.reason,
-                _current.kernel_isa, bufts or "none")
+                        int8_kernel=native["int8_kernel"], bufts=bufts, excluded=excluded, runnable=runnable)
+    logger.info("CPU level %s (%s); kernels up to %s, int8 products %s; extra buffers %s", _current.variant,
+                _current.reason, _current.kernel_isa, _current.int8_kernel, bufts or "none")
     return _current
 
 

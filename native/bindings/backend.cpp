@@ -93,7 +93,7 @@ void register_backend(py::module_ & m) {
         return std::map<std::string, bool>{{"int8_matmul", int8_matmul_available()},
                                            {"encoder_attention", encoder_attention_available()}};
     }, "Which of Aural's own CPU kernels run at this CPU level (cpu_level()['kernel_isa']): int8 matrix "
-       "products (AVX2 or AVX-512 VNNI) and the encoder's self-attention (AVX2 or AVX-512).");
+       "products (AVX2, AVX-VNNI or AVX-512 VNNI) and the encoder's self-attention (AVX2 or AVX-512).");
     m.def("cpu_variants", [] {
         py::list out;
         for (const auto & v : cpu_variants()) {
@@ -120,8 +120,10 @@ void register_backend(py::module_ & m) {
         d["variant"] = cpu_variant_in_use();
         d["reason"] = cpu_variant_reason();
         d["kernel_isa"] = std::string(isa_name(level));
+        d["int8_kernel"] = std::string(int8_kernel_name());
         return d;
-    }, "The CPU variant in use, why it was chosen, and the instruction set Aural's kernels are capped to.");
+    }, "The CPU variant in use, why it was chosen, the instruction set Aural's kernels are capped to, and the "
+       "int8 product kernel it runs (avx512_vnni, avx_vnni, avx2 or none).");
     m.def("probe_cpu", [](const py::function & on_start) {
         py::list out;
         for (const auto & r : probe_cpu([&](const std::string & buft, const std::string & type) {
