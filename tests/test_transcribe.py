@@ -296,8 +296,8 @@ def test_fallback_and_silence_rules():
     assert not skips_speech([ts, 1, 2, ts + 100, ts + 100, *range(18), ts + 700], ts)
     assert skips_speech([ts, 1, 2, ts + 100, ts + 100, *range(17), ts + 700], ts)
     # Counted in seconds of speech: the same 26.64 s segment over 7 s of speech is slow speech after noise.
-    assert not skips_speech(skipped, ts, lambda start, end: 7.0)
-    assert skips_speech(skipped, ts, lambda start, end: 20.0)
+    assert not skips_speech(skipped, ts, lambda start, end, enough: enough(7.0))
+    assert skips_speech(skipped, ts, lambda start, end, enough: enough(20.0))
     assert _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.7), options)
     assert not _is_silence(result(avg_logprob=-0.5, no_speech_prob=0.7), options)  # confident text wins
     assert not _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.5), options)

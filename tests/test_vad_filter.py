@@ -14,6 +14,7 @@ from aural.engine.vad.regions import (
     SpeechRegions,
     VadFilterOptions,
     has_speech,
+    heard_enough,
     keep_regions,
     speech_regions,
 )
@@ -54,6 +55,24 @@ def test_padding_and_shared_short_gaps():
 def test_short_speech_is_dropped():
     probs = [.9] + [0] * 5 + [.9] * 4 + [0] * 5
     assert regions_of(probs, min_speech_s=2 * FRAME_SAMPLES / RATE) == [(6, 10)]
+
+
+@pytest.mark.parametrize("min_speech_frames, pad_frames", [(0, 0), (2, 3)])
+def test_the_speech_heard_so_far_never_exceeds_the_regions_found(min_speech_frames, pad_frames):
+    """heard_floor, read after every frame of random scores (speech, silence and the band between the
+    thresholds), never falls and never exceeds the padded regions' length that finish() returns."""
+    rng = np.random.default_rng(min_speech_frames)
+    options = VadFilterOptions(min_speech_s=min_speech_frames * FRAME_SAMPLES / RATE,
+                               min_silence_s=3 * FRAME_SAMPLES / RATE, speech_pad_s=pad_frames * FRAME_SAMPLES / RATE)
+    for _ in range(200):
+        found = SpeechRegions(options)
+        floors = []
+        probs = rng.choice([0.0, 0.4, 0.9], size=int(rng.integers(1, 60)), p=[0.4, 0.2, 0.4])
+        for p in probs:
+            found.add(float(p))
+            floors.append(found.heard_floor)
+        total = sum(end - start for start, end in found.finish(len(probs) * FRAME_SAMPLES))
+        assert floors == sorted(floors) and floors[-1] <= total
 
 
 def test_invalid_options_name_the_accepted_values():
@@ -150,6 +169,21 @@ def test_has_speech_agrees_with_the_regions_and_stops_at_the_first(padded_jfk):
         raise AssertionError("read past the first speech")
 
     assert has_speech(chunks())
+
+
+def test_heard_enough_agrees_with_the_regions_and_stops_once_settled(padded_jfk):
+    """heard_enough answers as the regions' total length does, on either side of it, and reads no further
+    than the speech that settles it."""
+    regions, _ = speech_regions([padded_jfk])
+    heard = sum(end - start for start, end in regions) / RATE  # JFK's 11 s of speech, padded
+    for need in (0.5, heard - 0.1, heard, heard + 0.1, 60.0):
+        assert heard_enough([padded_jfk], lambda s, need=need: s >= need) == (heard >= need)
+
+    def chunks():
+        yield padded_jfk[: 25 * RATE]  # the silence, then 5 s of speech
+        raise AssertionError("read past the speech that settles it")
+
+    assert heard_enough(chunks(), lambda s: s >= 3.0)
 
 
 def test_vad_filter_transcribes_only_speech_on_the_input_timeline(whisper_model, padded_jfk):

@@ -18,13 +18,14 @@ import bisect
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from .gate import FRAME_SAMPLES, SpeechGate
 
-__all__ = ["VadFilterOptions", "SpeechRegions", "SpeechMap", "speech_regions", "has_speech", "keep_regions"]
+__all__ = ["VadFilterOptions", "SpeechRegions", "SpeechMap", "speech_regions", "has_speech", "heard_enough",
+           "keep_regions"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class SpeechRegions:
         if self.neg_threshold is None:
             self.neg_threshold = max(options.threshold - 0.15, 0.01)
         self.raw: list[list[int]] = []  # unpadded [start, end] in samples
+        self._raw_samples = 0  # their summed length
         self._start: int | None = None  # start of the region in progress
         self._quiet_since: int | None = None  # first sample of the silence that may end it
         self._frame = 0
@@ -93,18 +95,19 @@ class SpeechRegions:
             self._close(self._quiet_since)
 
     @property
-    def speech_certain(self) -> bool:
-        """Whether `finish` will return a region whatever frames follow: one has closed, or the open one
-        is in speech and already longer than `min_speech_s` (it ends a frame from now at the earliest)."""
-        if self.raw:
-            return True
-        if self._start is None or self._quiet_since is not None:
-            return False
-        return self._frame * FRAME_SAMPLES - self._start > self.options.min_speech_s * SAMPLE_RATE
+    def heard_floor(self) -> int:
+        """Samples of speech `finish` returns at least, whatever frames follow: the closed regions, and the
+        open one up to where it is sure to end at the earliest (its silence so far, or a frame from now)
+        once it is longer than `min_speech_s`. Padding and later regions only add to it."""
+        if self._start is None:
+            return self._raw_samples
+        reach = (self._quiet_since if self._quiet_since is not None else self._frame * FRAME_SAMPLES) - self._start
+        return self._raw_samples + (reach if reach > self.options.min_speech_s * SAMPLE_RATE else 0)
 
     def _close(self, end: int) -> None:
         if end - self._start > self.options.min_speech_s * SAMPLE_RATE:
             self.raw.append([self._start, end])
+            self._raw_samples += end - self._start
         self._start, self._quiet_since = None, None
 
     def finish(self, total_samples: int) -> list[tuple[int, int]]:
@@ -142,14 +145,24 @@ def speech_regions(chunks: Iterable[np.ndarray], options: VadFilterOptions | Non
 def has_speech(chunks: Iterable[np.ndarray], options: VadFilterOptions | None = None) -> bool:
     """Whether `speech_regions` would find a region in `chunks`; the scan stops at the frame that settles
     it (in speech, often the first second), not at the end of the audio."""
+    return heard_enough(chunks, lambda seconds: seconds > 0, options)
+
+
+def heard_enough(chunks: Iterable[np.ndarray], enough: Callable[[float], bool],
+                 options: VadFilterOptions | None = None) -> bool:
+    """Whether `enough(s)` holds for the s seconds of speech `speech_regions` would find in `chunks`, for an
+    `enough` that stays true as s grows. The scan stops at the frame from which the speech certain so far
+    (SpeechRegions.heard_floor) satisfies it, so the answer is the full scan's by construction: a 26.6 s
+    window that must hold 12 s of speech is read for 12 s of speech, not to its end."""
     regions = SpeechRegions(options or VadFilterOptions())
-    return bool(regions.finish(_scan(chunks, regions, until_speech=True)))
+    total = _scan(chunks, regions, until=lambda: enough(regions.heard_floor / SAMPLE_RATE))
+    return enough(sum(end - start for start, end in regions.finish(total)) / SAMPLE_RATE)
 
 
 def _scan(chunks: Iterable[np.ndarray], regions: SpeechRegions, *, stop: threading.Event | None = None,
-          until_speech: bool = False) -> int:
+          until: Callable[[], bool] | None = None) -> int:
     """Feeds every frame of `chunks` to `regions`; returns the samples read. It ends early before the next
-    chunk once `stop` is set, or, with `until_speech`, at the frame that makes a region certain."""
+    chunk once `stop` is set, or at the frame after which `until()` holds."""
     gate = SpeechGate()
     total = 0
     for chunk in chunks:
@@ -158,7 +171,7 @@ def _scan(chunks: Iterable[np.ndarray], regions: SpeechRegions, *, stop: threadi
         total += len(chunk)
         for frame in gate.process(chunk):
             regions.add(frame.prob)
-            if until_speech and regions.speech_certain:
+            if until is not None and until():
                 return total
     return total
 
