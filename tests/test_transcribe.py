@@ -196,11 +196,12 @@ def test_three_minutes_in_several_windows(whisper_model, three_minutes):
 @pytest.mark.slow
 def test_no_window_boundary_loses_text_on_ten_sonnets(whisper_model, clips, tmp_path):
     """The sonnet ten times over (533 s, 18 windows or more), as issue #24 found a line lost and the
-    subtitles after it ~11 s early: every copy keeps, in order, as many of the sonnet's words as the sonnet
-    transcribed alone does, less 5 (a line is 8 words or more; at haswell the copies' other context turns
-    "thine own" into "thy known" twice: 4 words, substituted, none lost), and each copy's text starts within 2 s
-    of where the copy starts. (Windows that passed over speech lost the lines: see transcribe's _Run._skipped.
-    "Pity" is missing from the sonnet alone as well, with beam 5, as in faster-whisper's beam 5.)"""
+    subtitles after it ~11 s early: no copy loses a line (8 words or more) in one place, and each copy's text
+    starts within 2 s of where the copy starts. Lost words are counted where fewer are said in their place,
+    so substitutions, which rounding decides, count for none: the copies' other context turns "thine own" into
+    "thy known" at haswell and on a Sapphire Rapids, and 5 such words failed a count of words kept there.
+    (Windows that passed over speech lost the lines: see transcribe's _Run._skipped. "Pity" is missing from
+    the sonnet alone as well, with beam 5, as in faster-whisper's beam 5: a loss of 1.)"""
     sonnet = next(c for c in clips if "sonnet" in c.path.name)
     one = load_audio(sonnet.path)
     path = tmp_path / "ten_sonnets.wav"
@@ -208,16 +209,20 @@ def test_no_window_boundary_loses_text_on_ten_sonnets(whisper_model, clips, tmp_
     copy_s = one.size / 16000
     reference = normalize(sonnet.reference).split()
 
-    def kept(segments) -> int:
+    def longest_loss(segments) -> int:
+        """The most reference words lost in one place: a span of the sonnet with fewer words said for it."""
         said = normalize(" ".join(s.text for s in segments)).split()
-        return sum(b.size for b in SequenceMatcher(None, reference, said, autojunk=False).get_matching_blocks())
+        ops = SequenceMatcher(None, reference, said, autojunk=False).get_opcodes()
+        return max([(i2 - i1) - (j2 - j1) for op, i1, i2, j1, j2 in ops if op in ("delete", "replace")] + [0])
 
-    alone = kept(transcribe(whisper_model, one))
     segments = list(transcribe(whisper_model, path))
     for k in range(10):
         mine = [s for s in segments if k * copy_s - 1.0 <= (s.start + s.end) / 2 < (k + 1) * copy_s]
-        assert kept(mine) >= alone - 5, (k, alone, " ".join(s.text for s in mine))
+        assert longest_loss(mine) < 8, (k, " ".join(s.text for s in mine))
         assert abs(mine[0].start - k * copy_s) <= 2.0, (k, mine[0])
+    # The measure sees a lost line: leaving out any of the last copy's segments of 8 words or more loses 8.
+    lines = [i for i, s in enumerate(mine) if len(normalize(s.text).split()) >= 8]
+    assert lines and all(longest_loss(mine[:i] + mine[i + 1:]) >= 8 for i in lines)
 
 
 def test_a_transcription_is_iterated_once(whisper_model, jfk_wav):
