@@ -59,7 +59,8 @@ def table_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
 def render(runs: list[dict[str, Any]]) -> str:
     lines = ["# Aural against faster-whisper int8 at each CPU level", "",
              "From bench/run.py (`--level`, `--model`): Aural's default (KV on the device) against faster-whisper "
-             "int8 with CTranslate2 forced to the same instruction set (CT2_FORCE_CPU_ISA), 2 threads, "
+             "int8 with CTranslate2 forced to the same instruction set (CT2_FORCE_CPU_ISA; from 2026-12-03 the "
+             "oneMKL and oneDNN inside it as well: MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA), 2 threads, "
              "processing time after load and a warm-up pass, medians over interleaved rounds. "
              f"Target: Aural / faster-whisper int8 ≤ {TARGET}. Decoder ms = Aural's own time per decoder "
              "call (compute + KV I/O + logits + sampling; a beam-5 call advances all 5 beams). Each run names "
