@@ -174,6 +174,12 @@ AURAL_INLINE void attend(ggml_tensor * dst, const ggml_tensor * q, const ggml_te
     thread_local std::vector<float> buf;  // ggml's worker threads persist: allocated once per thread
     buf.resize(static_cast<size_t>(block_rows * ld));
     float sums[block_rows];
+    // The head's V rows, copied contiguous ([n, head_dim]) when a task starts a new head. In v they are
+    // head_dim floats n_state floats apart: at base's n_state of 512 that is 2 KiB, a power of two, so a head's
+    // 1500 rows fall into an eighth of the cache sets and evict each other while the block's rows sum them.
+    thread_local std::vector<float> v_head;
+    v_head.resize(static_cast<size_t>(s.n * s.head_dim));
+    int64_t v_head_of = -1;
 
     const auto * qd = static_cast<const float *>(q->data);
     const auto * ktd = static_cast<const float *>(kt->data);
@@ -187,9 +193,15 @@ AURAL_INLINE void attend(ggml_tensor * dst, const ggml_tensor * q, const ggml_te
         for (int64_t r = 0; r < rows; ++r) {
             sums[r] = softmax_numerators<W>(buf.data() + r * ld, s.n, scale);
         }
+        if (h != v_head_of) {
+            for (int64_t j = 0; j < s.n; ++j) {
+                std::memcpy(v_head.data() + j * s.head_dim, vd + j * s.n_state + col, sizeof(float) * s.head_dim);
+            }
+            v_head_of = h;
+        }
         float * out = od + i0 * s.n_state + col;
         for (int64_t c = 0; c < s.head_dim; c += 2 * W) {
-            tile_rows<W, R>(rows, buf.data(), ld, vd + col + c, s.n_state, s.n, out + c, s.n_state);
+            tile_rows<W, R>(rows, buf.data(), ld, v_head.data() + c, s.head_dim, s.n, out + c, s.n_state);
         }
         for (int64_t r = 0; r < rows; ++r) {
             const float inv = 1.0f / sums[r];
