@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from common import CACHE, RESULTS, ct2_env, aural_python, fmt, md_table, run_prep, run_worker, word_errors  # noqa: E402
+from common import CACHE, RESULTS, aural_python, ct2_env, fmt, md_table, run_prep, run_worker, word_errors  # noqa: E402
 
 SAMPLE_RATE = 16000
 SNR_DB = 10.0

@@ -19,24 +19,27 @@ from typing import Any, Iterable, Sequence
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-# CTranslate2's ISA for each of ggml's CPU levels (CT2_FORCE_CPU_ISA), so both engines run the same
-# instruction set; "native": each picks its best. CTranslate2 has no AVX-VNNI ISA of its own: at alderlake its
-# kernels run AVX2 and its int8 GEMM (oneMKL's) AVX-VNNI, as Aural's do.
-CT2_ISA = {"native": None, "icelake": "AVX512", "skylakex": "AVX512", "alderlake": "AVX2", "haswell": "AVX2",
-           "sse42": "GENERIC"}
-# The libraries inside CTranslate2 dispatch on their own (its int8 GEMM is oneMKL's, its convolutions oneDNN's;
-# on an Intel CPU up to AMX) unless capped: the same level for them (MKL_ENABLE_INSTRUCTIONS: _E1 adds VNNI;
-# ONEDNN_MAX_CPU_ISA). MKL's cap acts on Intel CPUs only.
-CT2_LIBRARY_ISA = {"icelake": ("AVX512_E1", "AVX512_CORE_VNNI"), "skylakex": ("AVX512", "AVX512_CORE"),
-                   "alderlake": ("AVX2_E1", "AVX2_VNNI"), "haswell": ("AVX2", "AVX2"), "sse42": ("SSE4_2", "SSE41")}
+# The environment that holds CTranslate2 to each of ggml's CPU levels, so both engines run the same instruction
+# set ("native": each picks its best): its own kernels' ISA (CT2_FORCE_CPU_ISA), and the libraries inside it,
+# which dispatch on their own (its int8 GEMM is oneMKL's, its convolutions oneDNN's; on an Intel CPU up to AMX)
+# unless capped (MKL_ENABLE_INSTRUCTIONS: _E1 adds VNNI, and acts on Intel CPUs only; ONEDNN_MAX_CPU_ISA).
+# CTranslate2 has no AVX-VNNI ISA of its own: at alderlake its kernels run AVX2 and oneMKL AVX-VNNI, as Aural's do.
+CT2_ISA = {  # level -> (CT2_FORCE_CPU_ISA, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA)
+    "native": None,
+    "icelake": ("AVX512", "AVX512_E1", "AVX512_CORE_VNNI"),
+    "skylakex": ("AVX512", "AVX512", "AVX512_CORE"),
+    "alderlake": ("AVX2", "AVX2_E1", "AVX2_VNNI"),
+    "haswell": ("AVX2", "AVX2", "AVX2"),
+    "sse42": ("GENERIC", "SSE4_2", "SSE41"),
+}
 
 
 def ct2_env(level: str) -> dict[str, str]:
     """The environment that holds CTranslate2 and the libraries in it to ggml's CPU level `level`."""
-    if not CT2_ISA.get(level):
-        return {}
-    mkl, onednn = CT2_LIBRARY_ISA[level]
-    return {"CT2_FORCE_CPU_ISA": CT2_ISA[level], "MKL_ENABLE_INSTRUCTIONS": mkl, "ONEDNN_MAX_CPU_ISA": onednn}
+    isas = CT2_ISA.get(level)
+    return dict(zip(("CT2_FORCE_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"), isas)) if isas else {}
+
+
 DATA = Path(os.environ.get("AURAL_DATA_DIR", REPO.parent / "shared" / "data"))
 CACHE = BENCH / ".cache"
 RESULTS = BENCH / "results"

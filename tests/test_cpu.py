@@ -45,8 +45,8 @@ def test_the_level_in_use_is_one_this_cpu_runs_and_caps_the_kernels(level):
     assert level.kernel_isa == expected
     with open("/proc/cpuinfo") as info:
         avx_vnni = features.get("AVX_VNNI") == "1" and "avx_vnni" in info.read().split()
-    assert level.int8_kernel == ("avx512_vnni" if expected == "avx512_vnni" else "avx_vnni" if avx_vnni and expected
-                                 != "baseline" else "none" if expected == "baseline" else "avx2")
+    assert level.int8_kernel == ("none" if expected == "baseline" else "avx512_vnni" if expected == "avx512_vnni"
+                                 else "avx_vnni" if avx_vnni else "avx2")
     kernels = _native.cpu_kernels()
     assert kernels["int8_matmul"] == (expected != "baseline")  # AVX2 and up
     assert kernels["encoder_attention"] == (expected != "baseline")
