@@ -76,12 +76,13 @@ kernel widest() {
 
 // AVX2 without VNNI: the same quantised activations and the same integer sums, so the same output bits.
 // VPMADDUBSW multiplies unsigned by signed bytes into saturating 16-bit pair sums; with u = q + 128 a pair
-// could reach 2 x 255 x 127 and saturate. So the kernel takes q back (u XOR 0x80), multiplies |q| (at most
-// 127) by the weight with q's sign (VPSIGNB): a pair sum is at most 2 x 127 x 127 = 32 258 < 2^15, exact,
-// then VPMADDWD adds pairs into int32. That gives sum q w directly, which is what VPDPBUSD's sum u w less
-// the 128 x row-sum offset gives, so no offset is taken out. Four instructions per 32 byte pairs against
-// one per 64: the AVX2 kernel does a quarter of the VNNI one's work per instruction.
-AURAL_AVX2 void quantize_column_avx2(const float * x, int64_t n_cols, uint8_t * out) {
+// could reach 2 x 255 x 127 and saturate. So this kernel's activations stay signed (offset 0) and it
+// multiplies |w| (at most 127, formed once per weight load for all the tile's columns) by q with w's sign
+// (VPSIGNB): a pair sum is at most 2 x 127 x 127 = 32 258 < 2^15, exact, then VPMADDWD adds pairs into
+// int32. That gives sum q w directly, which is what VPDPBUSD's sum u w less the 128 x row-sum offset gives.
+// Four instructions per 32 byte pairs against one per 64: a quarter of the VNNI kernel's work per instruction.
+// offset: 128 for the VPDPBUSD kernels (u = q + 128), 0 for the AVX2 kernel (q as a signed byte).
+AURAL_AVX2 void quantize_column_avx2(const float * x, int64_t n_cols, uint8_t * out, int32_t offset) {
     float amax = 0.0f;
 #pragma omp simd reduction(max : amax)
     for (int64_t k = 0; k < n_cols; ++k) {
@@ -91,7 +92,7 @@ AURAL_AVX2 void quantize_column_avx2(const float * x, int64_t n_cols, uint8_t * 
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     for (int64_t k = 0; k < n_cols; ++k) {
         // nearbyint rounds half to even in the default mode, as _mm512_cvtps_epi32 does: the same bytes.
-        out[k] = static_cast<uint8_t>(static_cast<int32_t>(std::nearbyint(x[k] * inv)) + 128);
+        out[k] = static_cast<uint8_t>(static_cast<int32_t>(std::nearbyint(x[k] * inv)) + offset);
     }
     std::memcpy(out + n_cols, &s, sizeof s);
 }
@@ -99,9 +100,15 @@ AURAL_AVX2 void quantize_column_avx2(const float * x, int64_t n_cols, uint8_t * 
 void quantize_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * x = dst->src[0];
     const int64_t n_cols = x->ne[0], m = x->ne[1];
-    const auto quantize = widest() == kernel::avx512_vnni ? quantize_column : quantize_column_avx2;
+    const kernel k = widest();
     for (int64_t c = ith; c < m; c += nth) {
-        quantize(static_cast<const float *>(x->data) + c * n_cols, n_cols, static_cast<uint8_t *>(dst->data) + c * dst->nb[1]);
+        const float * column = static_cast<const float *>(x->data) + c * n_cols;
+        auto * out = static_cast<uint8_t *>(dst->data) + c * dst->nb[1];
+        if (k == kernel::avx512_vnni) {
+            quantize_column(column, n_cols, out);
+        } else {
+            quantize_column_avx2(column, n_cols, out, k == kernel::avx2 ? 0 : 128);
+        }
     }
 }
 
@@ -153,115 +160,125 @@ AURAL_VNNI void panel_cols(const int8_t * panel, int64_t n_cols, const uint8_t *
     }
 }
 
-// The int32 sums q w of C columns (rows 0-7 in lo, 8-15 in hi) scaled by the panel's row scales (at `tail`)
-// and each column's activation scale (at xs, xq_stride apart): the same two f32 products as the AVX-512
-// kernel, so the same bits. `live` rows of 16 are stored.
-template <int C>
-AURAL_AVX2 inline __attribute__((always_inline)) void store_tile_avx2(const __m256i * lo, const __m256i * hi,
-                                                                      const int8_t * tail, const uint8_t * xs,
-                                                                      int64_t xq_stride, float * out,
-                                                                      int64_t out_stride, int live) {
-    const auto * w_scale = reinterpret_cast<const float *>(tail);
-    const __m256 scale_lo = _mm256_loadu_ps(w_scale), scale_hi = _mm256_loadu_ps(w_scale + 8);
-    for (int c = 0; c < C; ++c) {
-        float x_scale;
-        std::memcpy(&x_scale, xs + c * xq_stride, sizeof x_scale);
-        const __m256 s = _mm256_set1_ps(x_scale);
-        alignas(32) float y[int8_panel_rows];
-        _mm256_store_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(lo[c]), _mm256_mul_ps(scale_lo, s)));
-        _mm256_store_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi[c]), _mm256_mul_ps(scale_hi, s)));
-        std::memcpy(out + c * out_stride, y, live * sizeof(float));
+// The two 256-bit kernels share their tile, column blocking and epilogue; they differ only in how a
+// column's four bytes per lane enter the int32 sums (`accumulate`, `finish`). The pieces that need an
+// instruction set are inline functions with their target; the templates that call them have none and are
+// compiled into each kernel's entry point, whose `flatten` inlines them there, as in attention.cpp.
+struct ymm_common {
+    AURAL_AVX2 static inline __m256i zero() { return _mm256_setzero_si256(); }
+    AURAL_AVX2 static inline __m256i load(const int8_t * p) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
     }
-}
-
-template <int C>
-AURAL_AVX2 inline __attribute__((always_inline)) void panel_tile_avx2(const int8_t * panel, int64_t n_cols,
-                                                                      const uint8_t * xq, int64_t xq_stride,
-                                                                      float * out, int64_t out_stride, int live) {
-    __m256i lo[C], hi[C];  // rows 0-7 and 8-15 of the panel, one int32 lane per row
-    for (int c = 0; c < C; ++c) {
-        lo[c] = hi[c] = _mm256_setzero_si256();
-    }
-    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t g = 0; g < n_cols / 4; ++g) {
-        const __m256i w_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(panel + g * 64));
-        const __m256i w_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(panel + g * 64 + 32));
+    // The int32 sums q w of C columns (rows 0-7 in lo, 8-15 in hi) times the panel's row scales (at `tail`)
+    // and each column's activation scale (at xs, xq_stride apart): the same two f32 products as the AVX-512
+    // kernel, so the same bits. `live` rows of 16 are stored.
+    template <int C>
+    AURAL_AVX2 static inline void store(const __m256i * lo, const __m256i * hi, const int8_t * tail, const uint8_t * xs,
+                                        int64_t xq_stride, float * out, int64_t out_stride, int live) {
+        const auto * w_scale = reinterpret_cast<const float *>(tail);
+        const __m256 scale_lo = _mm256_loadu_ps(w_scale), scale_hi = _mm256_loadu_ps(w_scale + 8);
         for (int c = 0; c < C; ++c) {
-            int32_t four;
-            std::memcpy(&four, xq + c * xq_stride + g * 4, sizeof four);
-            const __m256i q = _mm256_xor_si256(_mm256_set1_epi32(four), flip);
-            const __m256i abs_q = _mm256_abs_epi8(q);
-            lo[c] = _mm256_add_epi32(lo[c], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(w_lo, q)), ones));
-            hi[c] = _mm256_add_epi32(hi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(w_hi, q)), ones));
+            float x_scale;
+            std::memcpy(&x_scale, xs + c * xq_stride, sizeof x_scale);
+            const __m256 s = _mm256_set1_ps(x_scale);
+            alignas(32) float y[int8_panel_rows];
+            _mm256_store_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(lo[c]), _mm256_mul_ps(scale_lo, s)));
+            _mm256_store_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi[c]), _mm256_mul_ps(scale_hi, s)));
+            std::memcpy(out + c * out_stride, y, live * sizeof(float));
         }
     }
-    store_tile_avx2<C>(lo, hi, panel + n_cols * int8_panel_rows, xq + n_cols, xq_stride, out, out_stride, live);
-}
+};
 
-constexpr int block_cols_avx2 = 4;  // 8 accumulators, 2 weight halves and 3 temporaries of 16 ymm registers
-
-template <int C = block_cols_avx2>
-AURAL_AVX2 void panel_cols_avx2(const int8_t * panel, int64_t n_cols, const uint8_t * xq, int64_t xq_stride,
-                                int64_t m, float * out, int64_t out_stride, int live) {
-    if constexpr (C > 0) {
-        const int64_t done = m / C * C;
-        for (int64_t c = 0; c < done; c += C) {
-            panel_tile_avx2<C>(panel, n_cols, xq + c * xq_stride, xq_stride, out + c * out_stride, out_stride, live);
-        }
-        panel_cols_avx2<C - 1>(panel, n_cols, xq + done * xq_stride, xq_stride, m - done, out + done * out_stride,
-                               out_stride, live);
+// AVX2 without VNNI: see quantize_column_avx2 for why q with w's sign times |w| gives sum q w exactly.
+struct step_avx2 : ymm_common {
+    static constexpr int block_cols = 3;  // 6 accumulators, 4 weight registers, ones and 4 temporaries of 16
+    struct weights {
+        __m256i lo, hi, abs_lo, abs_hi;  // rows 0-7 and 8-15 of one group of four columns, and their |w|
+    };
+    AURAL_AVX2 static inline weights load_weights(const int8_t * p) {
+        const __m256i lo = load(p), hi = load(p + 32);
+        return {lo, hi, _mm256_abs_epi8(lo), _mm256_abs_epi8(hi)};
     }
-}
+    AURAL_AVX2 static inline void accumulate(__m256i & lo, __m256i & hi, int32_t four, const weights & w) {
+        const __m256i q = _mm256_set1_epi32(four), ones = _mm256_set1_epi16(1);
+        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_maddubs_epi16(w.abs_lo, _mm256_sign_epi8(q, w.lo)), ones));
+        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_maddubs_epi16(w.abs_hi, _mm256_sign_epi8(q, w.hi)), ones));
+    }
+    template <int C>
+    AURAL_AVX2 static inline void finish(__m256i *, __m256i *, const int8_t * /*tail*/) {}  // already sum q w
+};
 
 // AVX-VNNI (VPDPBUSD on ymm registers): the AVX-512 kernel's arithmetic in two 8-row halves. The activations
 // keep their +128 offset and the panel's 128 x row sums come back out, so the int32 sums are those of the
-// other two kernels: the same bits, in one instruction per 32 byte pairs where the AVX2 kernel takes six.
-template <int C>
-AURAL_AVX_VNNI inline __attribute__((always_inline)) void panel_tile_avx_vnni(const int8_t * panel, int64_t n_cols,
-                                                                              const uint8_t * xq, int64_t xq_stride,
-                                                                              float * out, int64_t out_stride,
-                                                                              int live) {
-    const int8_t * tail = panel + n_cols * int8_panel_rows;
-    const __m256i * sums = reinterpret_cast<const __m256i *>(tail + 64);
-    const __m256i offset_lo = _mm256_slli_epi32(_mm256_loadu_si256(sums), 7);
-    const __m256i offset_hi = _mm256_slli_epi32(_mm256_loadu_si256(sums + 1), 7);
+// AVX2 kernel: the same bits, in one instruction per 32 byte pairs where that kernel takes six.
+struct step_avx_vnni : ymm_common {
+    static constexpr int block_cols = 6;  // 12 accumulators, 2 weight halves and the broadcast of 16 registers
+    struct weights {
+        __m256i lo, hi;
+    };
+    AURAL_AVX2 static inline weights load_weights(const int8_t * p) { return {load(p), load(p + 32)}; }
+    AURAL_AVX_VNNI static inline void accumulate(__m256i & lo, __m256i & hi, int32_t four, const weights & w) {
+        const __m256i u = _mm256_set1_epi32(four);
+        lo = _mm256_dpbusd_avx_epi32(lo, u, w.lo);
+        hi = _mm256_dpbusd_avx_epi32(hi, u, w.hi);
+    }
+    template <int C>
+    AURAL_AVX_VNNI static inline void finish(__m256i * lo, __m256i * hi, const int8_t * tail) {
+        const auto * sums = reinterpret_cast<const __m256i *>(tail + 64);
+        const __m256i offset_lo = _mm256_slli_epi32(_mm256_loadu_si256(sums), 7);
+        const __m256i offset_hi = _mm256_slli_epi32(_mm256_loadu_si256(sums + 1), 7);
+        for (int c = 0; c < C; ++c) {
+            lo[c] = _mm256_sub_epi32(lo[c], offset_lo);
+            hi[c] = _mm256_sub_epi32(hi[c], offset_hi);
+        }
+    }
+};
+
+// out[c][0, live) for C columns of xq against one panel, each column in two registers (rows 0-7, 8-15).
+template <class S, int C>
+inline void panel_tile_ymm(const int8_t * panel, int64_t n_cols, const uint8_t * xq, int64_t xq_stride, float * out,
+                           int64_t out_stride, int live) {
     __m256i lo[C], hi[C];
     for (int c = 0; c < C; ++c) {
-        lo[c] = hi[c] = _mm256_setzero_si256();
+        lo[c] = hi[c] = S::zero();
     }
     for (int64_t g = 0; g < n_cols / 4; ++g) {
-        const __m256i w_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(panel + g * 64));
-        const __m256i w_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(panel + g * 64 + 32));
+        const typename S::weights w = S::load_weights(panel + g * 64);
         for (int c = 0; c < C; ++c) {
             int32_t four;
             std::memcpy(&four, xq + c * xq_stride + g * 4, sizeof four);
-            const __m256i u = _mm256_set1_epi32(four);
-            lo[c] = _mm256_dpbusd_avx_epi32(lo[c], u, w_lo);
-            hi[c] = _mm256_dpbusd_avx_epi32(hi[c], u, w_hi);
+            S::accumulate(lo[c], hi[c], four, w);
         }
     }
-    for (int c = 0; c < C; ++c) {
-        lo[c] = _mm256_sub_epi32(lo[c], offset_lo);
-        hi[c] = _mm256_sub_epi32(hi[c], offset_hi);
-    }
-    store_tile_avx2<C>(lo, hi, tail, xq + n_cols, xq_stride, out, out_stride, live);
+    const int8_t * tail = panel + n_cols * int8_panel_rows;
+    S::template finish<C>(lo, hi, tail);
+    S::template store<C>(lo, hi, tail, xq + n_cols, xq_stride, out, out_stride, live);
 }
 
-constexpr int block_cols_avx_vnni = 6;  // 12 accumulators, 2 weight halves and the broadcast of 16 ymm registers
-
-template <int C = block_cols_avx_vnni>
-AURAL_AVX_VNNI void panel_cols_avx_vnni(const int8_t * panel, int64_t n_cols, const uint8_t * xq, int64_t xq_stride,
-                                        int64_t m, float * out, int64_t out_stride, int live) {
+template <class S, int C = S::block_cols>
+inline void panel_cols_ymm(const int8_t * panel, int64_t n_cols, const uint8_t * xq, int64_t xq_stride, int64_t m,
+                           float * out, int64_t out_stride, int live) {
     if constexpr (C > 0) {
         const int64_t done = m / C * C;
         for (int64_t c = 0; c < done; c += C) {
-            panel_tile_avx_vnni<C>(panel, n_cols, xq + c * xq_stride, xq_stride, out + c * out_stride, out_stride,
-                                   live);
+            panel_tile_ymm<S, C>(panel, n_cols, xq + c * xq_stride, xq_stride, out + c * out_stride, out_stride, live);
         }
-        panel_cols_avx_vnni<C - 1>(panel, n_cols, xq + done * xq_stride, xq_stride, m - done,
-                                   out + done * out_stride, out_stride, live);
+        panel_cols_ymm<S, C - 1>(panel, n_cols, xq + done * xq_stride, xq_stride, m - done, out + done * out_stride,
+                                 out_stride, live);
     }
+}
+
+__attribute__((target("avx2,fma"), flatten)) void panel_cols_avx2(const int8_t * panel, int64_t n_cols,
+                                                                   const uint8_t * xq, int64_t xq_stride, int64_t m,
+                                                                   float * out, int64_t out_stride, int live) {
+    panel_cols_ymm<step_avx2>(panel, n_cols, xq, xq_stride, m, out, out_stride, live);
+}
+
+__attribute__((target("avx2,fma,avxvnni"), flatten)) void panel_cols_avx_vnni(const int8_t * panel, int64_t n_cols,
+                                                                               const uint8_t * xq, int64_t xq_stride,
+                                                                               int64_t m, float * out,
+                                                                               int64_t out_stride, int live) {
+    panel_cols_ymm<step_avx_vnni>(panel, n_cols, xq, xq_stride, m, out, out_stride, live);
 }
 
 // Thread ith of nth computes a contiguous range of panels (16 output rows each) for every column.

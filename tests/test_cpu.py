@@ -261,6 +261,34 @@ def test_int8_products_are_within_their_quantisation_steps(level, rows, cols, m)
     assert np.abs(got - exact).max() > 0  # the products are quantised: equal only by accident
 
 
+def int8_product64(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x w^T as the kernels define it, in numpy: each row of w and of x rounds to int8 with the step amax/127
+    (f32 arithmetic, half to even), the int32 sums are exact, and each sum is scaled once in f32 by the
+    product of its two steps."""
+    def quantise(a):
+        amax = np.abs(a).max(axis=1, keepdims=True)
+        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+        return np.rint(a * inv).astype(np.int64), (amax / np.float32(127)).astype(np.float32)
+    qw, sw = quantise(w)
+    qx, sx = quantise(x)
+    sums = (qx @ qw.T).astype(np.float32)  # exact in int64; one f32 rounding above 2^24, as VCVTDQ2PS makes
+    return sums * (sw.T * sx)
+
+
+@pytest.mark.parametrize("rows, cols, m", [(100, 384, 37), (1536, 1536, 9)])
+def test_int8_products_are_their_exact_integer_sums_scaled_in_f32(level, rows, cols, m):
+    """Bit for bit the arithmetic int8_product64 spells out, with whichever kernel this level runs: 100 rows
+    end in a partial panel, 37 columns take every tile width, and a sum past 2^24 is rounded as VCVTDQ2PS does."""
+    if level.kernel_isa == "baseline":
+        pytest.skip("Aural's int8 products need AVX2")
+    rng = np.random.default_rng(rows + cols + m)
+    w = rng.normal(0, 0.05, (rows, cols)).astype(np.float32)
+    x = rng.normal(0, 1, (m, cols)).astype(np.float32)
+    w[0], x[0] = 0.2, 4.0  # all 127: one sum of cols x 127 x 127, past 2^24 at 1536 columns ...
+    x[0, -1] = 1.0  # ... and odd (a last 32 x 127), so that its conversion to f32 rounds
+    assert np.array_equal(_native.kernel_int8_matmul(w, x), int8_product64(w, x))
+
+
 @pytest.mark.parametrize("variant, kernel", [("haswell", "avx2"), ("alderlake", "avx_vnni")])
 def test_int8_products_are_the_same_bits_with_each_kernel(level, tmp_path, variant, kernel):
     """The AVX2 kernel (VPSIGNB, VPMADDUBSW, VPMADDWD) forms the same int32 sums of the same int8 values as
