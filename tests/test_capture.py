@@ -295,6 +295,16 @@ def words(text: str) -> list[str]:
     return EnglishTextNormalizer()(text).split()
 
 
+def letters_in_order(text: str, reference: str) -> int:
+    """How many of text's letters reference holds in the same order (their longest common subsequence)."""
+    row = [0] * (len(reference) + 1)
+    for ch in text:
+        diagonal = 0
+        for j, ref in enumerate(reference, 1):
+            diagonal, row[j] = row[j], diagonal + 1 if ch == ref else max(row[j], row[j - 1])
+    return row[-1]
+
+
 def test_sound_server_death_mid_stream_is_an_error_event_and_capture_restarts(private_mic, whisper_model, jfk_wav,
                                                                               injected_wav):
     mic = private_mic()
@@ -308,9 +318,10 @@ def test_sound_server_death_mid_stream_is_an_error_event_and_capture_restarts(pr
     errors = [e for e in live.events if isinstance(e, Error)]
     assert len(errors) == 1 and errors[0].message.startswith("Microphone lost"), errors
     assert isinstance(live.events[-1], Metrics)  # it ended the normal way, tail committed
-    # Heard up to the kill; the tail committed after it was decoded from cut-off audio ("my" as "am I").
-    heard = words(live.text())
-    assert heard and sum(w in words(JFK) for w in heard) >= 0.6 * len(heard), heard
+    # Heard up to the kill; the tail committed after it was decoded from cut-off audio, where words split and
+    # merge ("my fellow Americans" as "am I fellow American"): so its letters, not its words, are JFK's.
+    heard = "".join(words(live.text()))
+    assert heard and letters_in_order(heard, "".join(words(JFK))[:2 * len(heard)]) >= 0.75 * len(heard), heard
 
     mic.restart()  # the server is back: the same source starts again
     again = Captioning(whisper_model, live.source)
