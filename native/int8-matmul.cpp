@@ -210,7 +210,7 @@ struct step_avx2 : ymm_common {
 
 // AVX-VNNI (VPDPBUSD on ymm registers): the AVX-512 kernel's arithmetic in two 8-row halves. The activations
 // keep their +128 offset and the panel's 128 x row sums come back out, so the int32 sums are those of the
-// AVX2 kernel: the same bits, in one instruction per 32 byte pairs where that kernel takes six.
+// AVX2 kernel: the same bits, in one instruction per 32 byte pairs where that kernel takes four.
 struct step_avx_vnni : ymm_common {
     static constexpr int block_cols = 6;  // 12 accumulators, 2 weight halves and the broadcast of 16 registers
     struct weights {
