@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -112,36 +113,55 @@ void quantize_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     }
 }
 
-// out[c][0, 16) for C columns of xq against one panel: 16 rows in the lanes of one register per column.
-template <int C>
+// Four activation bytes of one column (one group of the panel's four columns), for a broadcast.
+inline int32_t four_bytes(const uint8_t * p) {
+    int32_t four;
+    std::memcpy(&four, p, sizeof four);
+    return four;
+}
+
+// The AVX-512 panel: 16 rows in the lanes of one register per column.
+// One VPDPBUSD as an asm: with the intrinsic, GCC 12 writes each sum to a new register and copies it back
+// on every step (one move per product: 35 instructions per step of 8 columns, 23 with the asm), where "+v"
+// keeps the sum in its register. The same holds for the ymm form in step_avx_vnni.
+AURAL_VNNI inline void dpbusd(__m512i & acc, __m512i u, __m512i w) {
+    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(w));
+}
+
+// One column's int32 sums less the 128 x row sums, times the row scales and the column's activation scale
+// (at xs): two f32 products, in this order in every kernel, so every kernel gives the same bits.
+AURAL_VNNI inline void store_column(__m512i acc, __m512i offset, __m512 w_scale, const uint8_t * xs, float * out,
+                                    __mmask16 rows) {
+    float x_scale;
+    std::memcpy(&x_scale, xs, sizeof x_scale);
+    const __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, offset)),
+                                   _mm512_mul_ps(w_scale, _mm512_set1_ps(x_scale)));
+    _mm512_mask_storeu_ps(out, rows, y);
+}
+
+// out[c][rows] for the columns c of xq in I against one panel. The columns are a pack, not a loop: each sum
+// then has a constant index and GCC 12 keeps it in one register, where with a loop over c it kept the
+// 6-column AVX-VNNI tile's sums in memory (10 stores and 9 loads per step, seen in the disassembly).
+template <size_t... I>
 AURAL_VNNI inline __attribute__((always_inline)) void panel_tile(const int8_t * panel, int64_t n_cols,
                                                                  const uint8_t * xq, int64_t xq_stride, float * out,
-                                                                 int64_t out_stride, __mmask16 rows) {
-    __m512i acc[C];
-    for (int c = 0; c < C; ++c) {
-        acc[c] = _mm512_setzero_si512();
-    }
-    for (int64_t g = 0; g < n_cols / 4; ++g) {
+                                                                 int64_t out_stride, __mmask16 rows,
+                                                                 std::index_sequence<I...>) {
+    __m512i acc[] = {(void(I), _mm512_setzero_si512())...};
+    int64_t g = 0;
+    do {  // n_cols is a positive multiple of 16
         const __m512i w = _mm512_loadu_si512(panel + g * 64);
-        for (int c = 0; c < C; ++c) {
-            int32_t four;
-            std::memcpy(&four, xq + c * xq_stride + g * 4, sizeof four);
-            acc[c] = _mm512_dpbusd_epi32(acc[c], _mm512_set1_epi32(four), w);
-        }
-    }
+        (dpbusd(acc[I], _mm512_set1_epi32(four_bytes(xq + I * xq_stride + g * 4)), w), ...);
+    } while (++g < n_cols / 4);
     const int8_t * tail = panel + n_cols * int8_panel_rows;
     const __m512 w_scale = _mm512_loadu_ps(reinterpret_cast<const float *>(tail));
     const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(tail + 64), 7);  // 128 x row sums
-    for (int c = 0; c < C; ++c) {
-        float x_scale;
-        std::memcpy(&x_scale, xq + c * xq_stride + n_cols, sizeof x_scale);
-        const __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[c], offset)),
-                                       _mm512_mul_ps(w_scale, _mm512_set1_ps(x_scale)));
-        _mm512_mask_storeu_ps(out + c * out_stride, rows, y);
-    }
+    (store_column(acc[I], offset, w_scale, xq + I * xq_stride + n_cols, out + I * out_stride, rows), ...);
 }
 
-constexpr int block_cols = 8;  // columns per tile: 8 accumulators, one weight load per 8 VPDPBUSD
+// Columns per tile: 8 accumulators, one weight load per 8 VPDPBUSD. 12 and 16 (of 32 registers) were no
+// faster on a Sapphire Rapids-class Xeon (the kernel alone, 1500 columns, 2026-12-03).
+constexpr int block_cols = 8;
 
 template <int C = block_cols>
 AURAL_VNNI void panel_cols(const int8_t * panel, int64_t n_cols, const uint8_t * xq, int64_t xq_stride, int64_t m,
@@ -149,7 +169,8 @@ AURAL_VNNI void panel_cols(const int8_t * panel, int64_t n_cols, const uint8_t *
     if constexpr (C > 0) {
         if (m >= C) {
             for (int64_t c = 0; c + C <= m; c += C) {
-                panel_tile<C>(panel, n_cols, xq + c * xq_stride, xq_stride, out + c * out_stride, out_stride, rows);
+                panel_tile(panel, n_cols, xq + c * xq_stride, xq_stride, out + c * out_stride, out_stride, rows,
+                           std::make_index_sequence<C>());
             }
             const int64_t done = m / C * C;
             m -= done;
@@ -169,23 +190,19 @@ struct ymm_common {
     AURAL_AVX2 static inline __m256i load(const int8_t * p) {
         return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
     }
-    // The int32 sums q w of C columns (rows 0-7 in lo, 8-15 in hi) times the panel's row scales (at `tail`)
-    // and each column's activation scale (at xs, xq_stride apart): the same two f32 products as the AVX-512
-    // kernel, so the same bits. `live` rows of 16 are stored.
-    template <int C>
-    AURAL_AVX2 static inline void store(const __m256i * lo, const __m256i * hi, const int8_t * tail, const uint8_t * xs,
-                                        int64_t xq_stride, float * out, int64_t out_stride, int live) {
+    // One column's int32 sums q w (rows 0-7 in lo, 8-15 in hi) times the panel's row scales (at `tail`) and
+    // the column's activation scale (at xs): the same two f32 products as the AVX-512 kernel, so the same
+    // bits. `live` rows of 16 are stored.
+    AURAL_AVX2 static inline void store(__m256i lo, __m256i hi, const int8_t * tail, const uint8_t * xs, float * out,
+                                        int live) {
         const auto * w_scale = reinterpret_cast<const float *>(tail);
-        const __m256 scale_lo = _mm256_loadu_ps(w_scale), scale_hi = _mm256_loadu_ps(w_scale + 8);
-        for (int c = 0; c < C; ++c) {
-            float x_scale;
-            std::memcpy(&x_scale, xs + c * xq_stride, sizeof x_scale);
-            const __m256 s = _mm256_set1_ps(x_scale);
-            alignas(32) float y[int8_panel_rows];
-            _mm256_store_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(lo[c]), _mm256_mul_ps(scale_lo, s)));
-            _mm256_store_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi[c]), _mm256_mul_ps(scale_hi, s)));
-            std::memcpy(out + c * out_stride, y, live * sizeof(float));
-        }
+        float x_scale;
+        std::memcpy(&x_scale, xs, sizeof x_scale);
+        const __m256 s = _mm256_set1_ps(x_scale);
+        alignas(32) float y[int8_panel_rows];
+        _mm256_store_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(_mm256_loadu_ps(w_scale), s)));
+        _mm256_store_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(_mm256_loadu_ps(w_scale + 8), s)));
+        std::memcpy(out, y, live * sizeof(float));
     }
 };
 
@@ -204,8 +221,7 @@ struct step_avx2 : ymm_common {
         lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_maddubs_epi16(w.abs_lo, _mm256_sign_epi8(q, w.lo)), ones));
         hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_maddubs_epi16(w.abs_hi, _mm256_sign_epi8(q, w.hi)), ones));
     }
-    template <int C>
-    AURAL_AVX2 static inline void finish(__m256i *, __m256i *, const int8_t * /*tail*/) {}  // already sum q w
+    AURAL_AVX2 static inline void finish(__m256i &, __m256i &, const int8_t * /*tail*/) {}  // already sum q w
 };
 
 // AVX-VNNI (VPDPBUSD on ymm registers): the AVX-512 kernel's arithmetic in two 8-row halves. The activations
@@ -218,41 +234,31 @@ struct step_avx_vnni : ymm_common {
     };
     AURAL_AVX2 static inline weights load_weights(const int8_t * p) { return {load(p), load(p + 32)}; }
     AURAL_AVX_VNNI static inline void accumulate(__m256i & lo, __m256i & hi, int32_t four, const weights & w) {
-        const __m256i u = _mm256_set1_epi32(four);
-        lo = _mm256_dpbusd_avx_epi32(lo, u, w.lo);
-        hi = _mm256_dpbusd_avx_epi32(hi, u, w.hi);
+        const __m256i u = _mm256_set1_epi32(four);  // VEX VPDPBUSD as an asm: see dpbusd above
+        asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(lo) : "x"(u), "x"(w.lo));
+        asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(hi) : "x"(u), "x"(w.hi));
     }
-    template <int C>
-    AURAL_AVX_VNNI static inline void finish(__m256i * lo, __m256i * hi, const int8_t * tail) {
+    AURAL_AVX_VNNI static inline void finish(__m256i & lo, __m256i & hi, const int8_t * tail) {
         const auto * sums = reinterpret_cast<const __m256i *>(tail + 64);
-        const __m256i offset_lo = _mm256_slli_epi32(_mm256_loadu_si256(sums), 7);
-        const __m256i offset_hi = _mm256_slli_epi32(_mm256_loadu_si256(sums + 1), 7);
-        for (int c = 0; c < C; ++c) {
-            lo[c] = _mm256_sub_epi32(lo[c], offset_lo);
-            hi[c] = _mm256_sub_epi32(hi[c], offset_hi);
-        }
+        lo = _mm256_sub_epi32(lo, _mm256_slli_epi32(_mm256_loadu_si256(sums), 7));
+        hi = _mm256_sub_epi32(hi, _mm256_slli_epi32(_mm256_loadu_si256(sums + 1), 7));
     }
 };
 
-// out[c][0, live) for C columns of xq against one panel, each column in two registers (rows 0-7, 8-15).
-template <class S, int C>
+// out[c][0, live) for the columns c of xq in I against one panel, each column in two registers (rows 0-7,
+// 8-15). The columns are a pack, not a loop, for the reason given at the AVX-512 panel_tile.
+template <class S, size_t... I>
 inline void panel_tile_ymm(const int8_t * panel, int64_t n_cols, const uint8_t * xq, int64_t xq_stride, float * out,
-                           int64_t out_stride, int live) {
-    __m256i lo[C], hi[C];
-    for (int c = 0; c < C; ++c) {
-        lo[c] = hi[c] = S::zero();
-    }
-    for (int64_t g = 0; g < n_cols / 4; ++g) {
+                           int64_t out_stride, int live, std::index_sequence<I...>) {
+    __m256i lo[] = {(void(I), S::zero())...}, hi[] = {(void(I), S::zero())...};
+    int64_t g = 0;
+    do {  // n_cols is a positive multiple of 16
         const typename S::weights w = S::load_weights(panel + g * 64);
-        for (int c = 0; c < C; ++c) {
-            int32_t four;
-            std::memcpy(&four, xq + c * xq_stride + g * 4, sizeof four);
-            S::accumulate(lo[c], hi[c], four, w);
-        }
-    }
+        (S::accumulate(lo[I], hi[I], four_bytes(xq + I * xq_stride + g * 4), w), ...);
+    } while (++g < n_cols / 4);
     const int8_t * tail = panel + n_cols * int8_panel_rows;
-    S::template finish<C>(lo, hi, tail);
-    S::template store<C>(lo, hi, tail, xq + n_cols, xq_stride, out, out_stride, live);
+    (S::finish(lo[I], hi[I], tail), ...);
+    (S::store(lo[I], hi[I], tail, xq + I * xq_stride + n_cols, out + I * out_stride, live), ...);
 }
 
 template <class S, int C = S::block_cols>
@@ -261,7 +267,8 @@ inline void panel_cols_ymm(const int8_t * panel, int64_t n_cols, const uint8_t *
     if constexpr (C > 0) {
         const int64_t done = m / C * C;
         for (int64_t c = 0; c < done; c += C) {
-            panel_tile_ymm<S, C>(panel, n_cols, xq + c * xq_stride, xq_stride, out + c * out_stride, out_stride, live);
+            panel_tile_ymm<S>(panel, n_cols, xq + c * xq_stride, xq_stride, out + c * out_stride, out_stride, live,
+                              std::make_index_sequence<C>());
         }
         panel_cols_ymm<S, C - 1>(panel, n_cols, xq + done * xq_stride, xq_stride, m - done, out + done * out_stride,
                                  out_stride, live);
@@ -323,7 +330,7 @@ const char * int8_kernel_name() {
 ggml_tensor * int8_matmul(ggml_context * ctx, ggml_tensor * w, int64_t n_rows, ggml_tensor * x) {
     const int64_t n_cols = x->ne[0];
     if (!int8_matmul_available() || w->type != GGML_TYPE_I8 || x->type != GGML_TYPE_F32 || !ggml_is_contiguous(x) ||
-        n_cols % 16 != 0 || w->ne[0] != int8_panel_bytes(n_cols) ||
+        n_cols <= 0 || n_cols % 16 != 0 || w->ne[0] != int8_panel_bytes(n_cols) ||
         w->ne[1] != (n_rows + int8_panel_rows - 1) / int8_panel_rows || ggml_nrows(x) != x->ne[1]) {
         throw std::invalid_argument("int8_matmul: needs AVX2, a packed I8 matrix and contiguous 2-D f32 "
                                     "activations with a multiple of 16 values per column");
