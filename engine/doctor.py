@@ -44,6 +44,8 @@ def _native_report() -> dict[str, Any]:
         from aural import _native
     except ImportError as exc:
         return {"native": {"available": False, "error": str(exc)}, "devices": []}
+    from . import runtime
+
     level = cpu.configure()  # before the first device query: it picks the CPU variant ggml loads
     devices = [{**d, "weight_types": list(_native.supported_weight_types(d["name"]))} for d in _native.devices()]
     return {
@@ -55,6 +57,7 @@ def _native_report() -> dict[str, Any]:
         "devices": devices,
         "backend_problems": list(_native.backend_problems()),
         "selected_device": _native.select_device("auto"),
+        "device_process": runtime.isolates_devices(),
         "cpu_features": dict(_native.cpu_features()),
         "cpu_kernels": dict(_native.cpu_kernels()),
         "default_threads": _native.default_threads(),
@@ -134,6 +137,8 @@ def format_report(report: dict[str, Any]) -> str:
             ("cpu variants", "runs " + ", ".join(report["cpu_level"]["runnable"] or ["built-in"])),
             ("extra buffers", _format_buffers(report["cpu_level"])),
             ("selected device", report["selected_device"]),
+            ("device process", "every device but the CPU (a driver's crash ends it, not Aural)"
+             if report["device_process"] else "off (AURAL_NO_ISOLATION is set): devices run in process"),
             ("ggml backends", _format_backends(report["devices"], report["backend_problems"])),
             *([("gpu", note)] if (note := _gpu_note(report["devices"], report["backend_problems"])) else []),
             ("default threads", str(report["default_threads"])),

@@ -3,7 +3,8 @@ compute devices it can run on, and the fallback to the CPU when its device fails
 
 `WhisperModel` is shared by every transcription; each transcription gets its own native `Context`
 (encoder output, KV arena, graphs) from `new_session`, or a `FallbackSession` that moves to the CPU when
-the device fails under it.
+the device fails under it. A model on a device other than the CPU runs in a process of its own
+(`isolation`), so that a driver fault which ggml answers by ending the process ends only that one.
 
     model = load_model(path, device="Vulkan0")   # on the CPU, with model.fallback saying why, if it must
     session = FallbackSession(model, on_fallback=print, kv_mode="device")
@@ -13,6 +14,7 @@ the device fails under it.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,11 +27,12 @@ import numpy as np
 
 from .errors import ModelError
 from .features import mel_filters
+from .isolation import RemoteModel
 from .models.store import model_info
 from .text.tokenizer import WhisperTokenizer
 
 __all__ = ["CPU_DEVICE", "ComputeDevice", "DeviceFallback", "FallbackSession", "WhisperModel", "compute_devices",
-           "load_model", "resolve_device"]
+           "isolates_devices", "load_model", "resolve_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,8 @@ logger = logging.getLogger(__name__)
 _NATIVE_LOAD_ERRORS = (RuntimeError, ValueError)
 
 CPU_DEVICE = "CPU"  # ggml's name for its CPU device: what every fallback lands on
+# AURAL_NO_ISOLATION=1 loads every device's weights in process (debugging; the fake GPU of the tests).
+NO_ISOLATION_ENV = "AURAL_NO_ISOLATION"
 
 _T = TypeVar("_T")
 
@@ -77,6 +82,15 @@ def _alignment_heads(info: dict, hparams: dict) -> list[tuple[int, int]]:
     return [(layer, head) for layer in range(n_layer // 2, n_layer) for head in range(n_head)]
 
 
+def isolates_devices() -> bool:
+    """Whether a model on a device other than the CPU runs in a device process: unless $AURAL_NO_ISOLATION."""
+    return os.environ.get(NO_ISOLATION_ENV, "0") in ("", "0")
+
+
+def _isolates_by_default(device: str) -> bool:
+    return device != CPU_DEVICE and isolates_devices()
+
+
 class WhisperModel:
     """One GGUF Whisper model, loaded on a device.
 
@@ -91,9 +105,13 @@ class WhisperModel:
         load_s: seconds spent loading (metadata, tokenizer and weights).
         fallback: why the CPU runs the model in place of the device asked for (`load_model`,
             `fall_back`); None while it runs where it was asked to.
+        isolated: whether the weights live in a device process (`isolation.RemoteModel`). `isolate`
+            chooses: None (the default) isolates every device but the CPU, whose faults the CPU probe
+            has ruled out at load (`cpu`), unless $AURAL_NO_ISOLATION is set; True also isolates the CPU
+            (tests play device faults there); False isolates none.
     """
 
-    def __init__(self, path: str | Path, *, device: str = "auto", n_threads: int = 0):
+    def __init__(self, path: str | Path, *, device: str = "auto", n_threads: int = 0, isolate: bool | None = None):
         start = time.perf_counter()
         self.path = Path(path)
         self.n_threads = n_threads
@@ -102,7 +120,7 @@ class WhisperModel:
         self.multilingual = bool(info["multilingual"])
         self.tokenizer = WhisperTokenizer.from_gguf_json(info["tokenizer_json"], multilingual=self.multilingual)
         self.mel_filters = _stored_mel_filters(self.path, int(info["n_mels"]))
-        self._model = self._load_weights(device)
+        self._model = self._load_weights(device, isolate)
         self.fallback: DeviceFallback | None = None
         self._moving = threading.Lock()  # sessions of several threads may lose the device at once
         self.hparams = dict(self._model.hparams)
@@ -110,9 +128,12 @@ class WhisperModel:
         self.load_s = time.perf_counter() - start
         logger.info("loaded %s on %s (%s) in %.2f s", self.name, self.device, self.backend, self.load_s)
 
-    def _load_weights(self, device: str):
+    def _load_weights(self, device: str, isolate: bool | None):
+        native = _native()
         try:
-            return _native().Model(str(self.path), device=device, n_threads=self.n_threads)
+            if isolate or (isolate is None and _isolates_by_default(native.select_device(device))):
+                return RemoteModel(str(self.path), device=device, n_threads=self.n_threads)
+            return native.Model(str(self.path), device=device, n_threads=self.n_threads)
         except _NATIVE_LOAD_ERRORS as exc:
             raise ModelError(f"Cannot load model {self.path.name}: {exc}") from exc
 
@@ -121,8 +142,8 @@ class WhisperModel:
         loaded again on the CPU, once however many sessions report it, and sessions opened from then on
         run there. Sessions still open on the device keep its weights alive until they end."""
         with self._moving:
-            if self.device == device:
-                self._model = self._load_weights(CPU_DEVICE)
+            if self.device == device and (device != CPU_DEVICE or self.isolated):
+                self._model = self._load_weights(CPU_DEVICE, isolate=False)
                 self.fallback = DeviceFallback(device, reason)
                 logger.warning("%s", self.fallback.message)
         assert self.fallback is not None, f"{device} failed under a session, but the model never ran on it"
@@ -131,6 +152,10 @@ class WhisperModel:
     @property
     def backend(self) -> str:
         return self._model.backend
+
+    @property
+    def isolated(self) -> bool:
+        return isinstance(self._model, RemoteModel)
 
     @property
     def device(self) -> str:
@@ -155,9 +180,11 @@ class WhisperModel:
             raise ValueError(f"kv_mode must be 'device' or 'host', not {kv_mode!r}")
         if not 1 <= n_seq <= MAX_SEQUENCES:
             raise ValueError(f"n_seq must be between 1 and {MAX_SEQUENCES}, not {n_seq}")
+        params = dict(kv_mode=kv_mode, graph_reuse=graph_reuse, n_threads=self.n_threads, n_seq=n_seq)
         try:
-            return _native().Context(self._model, kv_mode=kv_mode, graph_reuse=graph_reuse,
-                                     n_threads=self.n_threads, n_seq=n_seq)
+            if isinstance(self._model, RemoteModel):
+                return self._model.new_context(**params)
+            return _native().Context(self._model, **params)
         except _NATIVE_LOAD_ERRORS as exc:
             raise ModelError(f"Cannot create a session on {self.path.name}: {exc}") from exc
 
@@ -229,19 +256,20 @@ def _reason(exc: Exception) -> str:
     return str(exc.__cause__ or exc)
 
 
-def load_model(path: str | Path, *, device: str = "auto", n_threads: int = 0) -> WhisperModel:
+def load_model(path: str | Path, *, device: str = "auto", n_threads: int = 0,
+               isolate: bool | None = None) -> WhisperModel:
     """The model on `device` ("auto": the backend policy's pick), or on the CPU with `fallback` saying why
     when that device cannot be used: it is not there (a GPU named in the settings, since unplugged), its
     backend does not initialise, or the weights or a session's buffers do not fit in its memory. A model
-    file the CPU cannot load either raises ModelError."""
+    file the CPU cannot load either raises ModelError. `isolate` as for WhisperModel."""
     try:
         target = resolve_device(device)
     except ModelError as exc:
         return _on_cpu(path, n_threads, DeviceFallback(device, str(exc)))
-    if target == CPU_DEVICE:
-        return WhisperModel(path, device=target, n_threads=n_threads)
+    if target == CPU_DEVICE and not isolate:
+        return WhisperModel(path, device=target, n_threads=n_threads, isolate=isolate)
     try:
-        model = WhisperModel(path, device=target, n_threads=n_threads)
+        model = WhisperModel(path, device=target, n_threads=n_threads, isolate=isolate)
         # Opening a session initialises the device's backend and reserves its worst-case buffers: a device
         # that cannot run the model fails here, at load, rather than under the first transcription.
         model.new_session()
@@ -251,7 +279,7 @@ def load_model(path: str | Path, *, device: str = "auto", n_threads: int = 0) ->
 
 
 def _on_cpu(path: str | Path, n_threads: int, fallback: DeviceFallback) -> WhisperModel:
-    model = WhisperModel(path, device=CPU_DEVICE, n_threads=n_threads)
+    model = WhisperModel(path, device=CPU_DEVICE, n_threads=n_threads, isolate=False)
     model.fallback = fallback
     logger.warning("%s", fallback.message)
     return model
@@ -267,13 +295,16 @@ class FallbackSession:
     cannot be opened on the device is opened on the CPU the same way. Work that fails on the CPU is not
     tried again: there is nothing left to fall back to.
 
-    Only failures that reach Python are caught: buffers that cannot be allocated, a graph compute that
-    returns an error status, exceptions such as vulkan-hpp's. A driver error that ggml answers by ending
-    the process (CUDA_CHECK's GGML_ABORT, ggml-vulkan's VK_CHECK exit(1)) takes the app down with it.
+    Failures that reach Python are caught (buffers that cannot be allocated, a graph compute that returns an
+    error status, exceptions such as vulkan-hpp's), and so is the end of an isolated model's device process
+    (`isolation.DeviceProcessLost`): a driver error that ggml answers by ending the process (CUDA_CHECK's
+    GGML_ABORT, ggml-vulkan's VK_CHECK exit(1)) or a driver's segfault. In process, those would end the app.
 
     Attributes:
-        ctx: the native Context in use now.
+        ctx: the native Context (or `isolation.RemoteContext`) in use now.
         device: the device it runs on.
+        isolated: whether ctx is in a device process, which can fall back to the CPU in process even when
+            its device is the CPU.
     """
 
     def __init__(self, model: WhisperModel, on_fallback: Callable[[DeviceFallback], None], **session):
@@ -281,18 +312,22 @@ class FallbackSession:
         self._session = session  # new_session's arguments, for the session on the CPU
         self._on_fallback = on_fallback
         self.device = model.device
+        self.isolated = model.isolated
         try:
             self.ctx = model.new_session(**session)
         except ModelError as exc:  # no room on the device for this session's KV arena and buffers
-            if self.device == CPU_DEVICE:
+            if not self._can_fall_back():
                 raise
             self._move_to_cpu(exc)
+
+    def _can_fall_back(self) -> bool:
+        return self.device != CPU_DEVICE or self.isolated
 
     def run(self, work: Callable[[], _T], undo: Callable[[], None] | None = None) -> _T:
         try:
             return work()
         except RuntimeError as exc:
-            if self.device == CPU_DEVICE or self.ctx.interrupted:
+            if not self._can_fall_back() or self.ctx.interrupted:
                 raise
             self._move_to_cpu(exc)
         if undo is not None:
@@ -303,4 +338,5 @@ class FallbackSession:
         fallback = self.model.fall_back(self.device, _reason(exc))
         self.ctx = self.model.new_session(**self._session)
         self.device = CPU_DEVICE
+        self.isolated = False
         self._on_fallback(fallback)

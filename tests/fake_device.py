@@ -46,6 +46,8 @@ class FakeGpu:
     def install(self, monkeypatch) -> None:
         native = _Native(runtime._native(), self)
         monkeypatch.setattr(runtime, "_native", lambda: native)
+        # A device process would load the real native module, which has no Vulkan0: this GPU lives in process.
+        monkeypatch.setenv(runtime.NO_ISOLATION_ENV, "1")
 
     def props(self) -> dict:
         """What `_native.devices()` says of it: a software Vulkan device, which auto passes over."""

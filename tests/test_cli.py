@@ -329,8 +329,8 @@ def test_doctor_text(cli_env):
     pytest.importorskip("aural._native", reason="native engine not built")
     proc = run_cli(cli_env, "doctor")
     assert proc.returncode == 0, proc.stderr
-    for label in ("ggml", "selected device", "cpu features", "aural cpu kernels", "default threads", "numpy",
-                  "audio input", "model cache", "default model", "devices:", "WEIGHT TYPES"):
+    for label in ("ggml", "selected device", "device process", "cpu features", "aural cpu kernels", "default threads",
+                  "numpy", "audio input", "model cache", "default model", "devices:", "WEIGHT TYPES"):
         assert label in proc.stdout
 
 
