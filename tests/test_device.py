@@ -8,6 +8,7 @@ WER, not token for token."""
 from __future__ import annotations
 
 import os
+import signal
 
 import jiwer
 import numpy as np
@@ -58,6 +59,20 @@ def text_of(model, wav, **options) -> tuple[str, list, object]:
     result = transcribe(model, wav, TranscribeOptions(language="en", **options))
     segments = list(result)
     return normalize("".join(s.text for s in segments)), segments, result.timings
+
+
+def test_a_device_process_that_dies_hands_the_file_to_the_cpu(tiny_gguf, cpu_model, jfk_wav):
+    model = WhisperModel(tiny_gguf, device=BACKEND)
+    assert model.isolated  # every device but the CPU runs in a device process
+    os.kill(model._model.pid, signal.SIGKILL)  # as a driver's fault that ends the process without a word
+    model._model._process.proc.wait(30)
+    fallbacks = []
+    result = transcribe(model, jfk_wav, TranscribeOptions(language="en"), on_fallback=fallbacks.append)
+    segments = list(result)
+    [fallback] = fallbacks
+    assert fallback.device == BACKEND and "the device process ended (killed by SIGKILL)" in fallback.reason
+    assert result.timings.device == "CPU"
+    assert [s.tokens for s in segments] == [s.tokens for s in text_of(cpu_model, jfk_wav)[1]]
 
 
 def test_the_model_loads_on_the_device_without_aurals_cpu_kernels(device_model):
