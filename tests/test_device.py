@@ -70,7 +70,7 @@ def test_a_device_process_that_dies_hands_the_file_to_the_cpu(tiny_gguf, cpu_mod
     result = transcribe(model, jfk_wav, TranscribeOptions(language="en"), on_fallback=fallbacks.append)
     segments = list(result)
     [fallback] = fallbacks
-    assert fallback.device == BACKEND and "the device process ended (killed by SIGKILL)" in fallback.reason
+    assert fallback.device == BACKEND and "the device process ended (killed by SIGKILL" in fallback.reason
     assert result.timings.device == "CPU"
     assert [s.tokens for s in segments] == [s.tokens for s in text_of(cpu_model, jfk_wav)[1]]
 

@@ -139,7 +139,7 @@ def test_a_process_that_dies_mid_file_hands_the_file_to_the_cpu_in_process(isola
         if len(segments) == 1:
             kill(isolated, sig)
     [fallback] = fallbacks
-    assert fallback.device == CPU_DEVICE and f"the device process ended (killed by {sig.name})" in fallback.reason
+    assert fallback.device == CPU_DEVICE and f"the device process ended (killed by {sig.name}" in fallback.reason
     # The first window's segments came from the process; the second window was decoded again in process.
     assert segments == here
     assert (isolated.isolated, result.timings.device) == (False, CPU_DEVICE)
@@ -161,11 +161,26 @@ def test_a_process_that_dies_mid_stream_keeps_the_commits(isolated, in_process, 
 def test_a_call_after_the_process_died_says_why(isolated, jfk_mel):
     ctx = isolated.new_session()
     kill(isolated, signal.SIGABRT)
-    with pytest.raises(DeviceProcessLost, match=r"the device process ended \(killed by SIGABRT\)"):
+    with pytest.raises(DeviceProcessLost, match=r"the device process ended \(killed by SIGABRT"):
         ctx.encode(jfk_mel)
     with pytest.raises(DeviceProcessLost):  # and every later one, at once
         ctx.decode(np.array([1], dtype=np.int32), 0)
     assert not ctx.interrupted and isolated._model.pid not in children()
+
+
+def test_the_reason_quotes_the_last_line_the_process_logged(tiny_gguf, jfk_mel):
+    level = _native.get_log_level()
+    _native.set_log_level(20)  # the child takes the parent's level: its INFO lines (KV arena, ...) come out
+    try:
+        model = RemoteModel(str(tiny_gguf), device=CPU_DEVICE)
+    finally:
+        _native.set_log_level(level)
+    ctx = model.new_context()
+    ctx.encode(jfk_mel)
+    os.kill(model.pid, signal.SIGABRT)  # as GGML_ABORT, whose message would be that last line
+    model._process.proc.wait(30)
+    with pytest.raises(DeviceProcessLost, match=r"\(killed by SIGABRT; its last log line: aural\.native .+\)$"):
+        ctx.encode(jfk_mel)
 
 
 def test_a_session_that_cannot_open_in_a_dead_process_opens_on_the_cpu(isolated, in_process, jfk_mel):

@@ -138,9 +138,11 @@ class _Process:
                 code = self.proc.wait()
             self._reader.join(1.0)
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+            # GGML_ABORT and VK_CHECK print their reason last; a segfault prints nothing, so the line is
+            # named for what it is, not as the cause.
             last = next((line for line in reversed(self._stderr) if line.strip()), "")
-            self.lost = f"the device process ended ({how})" + (f": {last}" if last else "")
-            logger.warning("%s", self.lost)
+            self.lost = f"the device process ended ({how}" + (f"; its last log line: {last})" if last else ")")
+            logger.info("%s", self.lost)  # the caller's fallback warns, once
         return DeviceProcessLost(self.lost)
 
     def call(self, op: str, *args: Any) -> Any:
