@@ -128,7 +128,6 @@ class _Process:
             _raise_remote(reply[1], reply[2])
         return reply[1]
 
-
     def _died(self) -> DeviceProcessLost:
         if self.lost is None:
             try:
