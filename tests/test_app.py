@@ -862,6 +862,44 @@ def test_a_device_lost_mid_file_keeps_the_segments_done_and_finishes_on_the_cpu(
     assert "CPU/CPU" in window.result.summary_text() and job.timings.device == "CPU"
 
 
+def test_a_device_process_that_dies_mid_file_leaves_the_app_running_and_finishes_on_the_cpu(
+        make_window, settings, qtbot, data_dir, monkeypatch):
+    """A real device process, killed by SIGSEGV (a driver's crash) as the sonnet's second window starts:
+    the app, its window and the job live on, and the CPU in process finishes the file."""
+    from functools import partial
+
+    from aural.app import workers
+    from aural.engine.isolation import RemoteContext
+    from aural.engine.runtime import load_model
+
+    monkeypatch.setattr(workers, "load_model", partial(load_model, isolate=True))  # the CPU in a device process
+    encode, encodes = RemoteContext.encode, []
+
+    def encode_then_crash(ctx, mel):
+        encodes.append(mel.shape)
+        if len(encodes) == 2:  # the second window
+            os.kill(ctx._model.pid, signal.SIGSEGV)
+            ctx._process.proc.wait(30)
+        return encode(ctx, mel)
+
+    monkeypatch.setattr(RemoteContext, "encode", encode_then_crash)
+    settings.set(Key.BEAM_SIZE, 1)
+    window = make_window()
+    assert window.models.model.isolated
+    done_before = []
+    window.files.fallback.connect(lambda _fallback: done_before.append(len(last_job(window).segments)))
+    window.add_files([str(data_dir / "en_librivox_shakespeare_sonnet001.mp3")])
+    job = last_job(window)
+    window.show_job(job)
+    wait_status(qtbot, window, job, JobStatus.DONE)
+    assert len(encodes) == 2 and len(done_before) == 1 and 0 < done_before[0] < len(job.segments)
+    text = normalized(" ".join(s.text for s in job.segments))
+    assert text.startswith("one from fairest creatures") and text.endswith("by the grave and thee")
+    message = window.statusBar().currentMessage()
+    assert message.startswith("⚠ CPU could not be used (the device process ended (killed by SIGSEGV")
+    assert job.timings.device == "CPU" and not window.models.model.isolated
+
+
 def test_a_device_lost_mid_stream_keeps_the_captions_and_the_journal(make_window, settings, qtbot, jfk_wav,
                                                                      journal_dir, monkeypatch):
     from aural.engine.live.capture import ReplaySource
