@@ -182,7 +182,7 @@ class WhisperModel:
             raise ValueError(f"n_seq must be between 1 and {MAX_SEQUENCES}, not {n_seq}")
         params = dict(kv_mode=kv_mode, graph_reuse=graph_reuse, n_threads=self.n_threads, n_seq=n_seq)
         try:
-            if isinstance(self._model, RemoteModel):
+            if self.isolated:
                 return self._model.new_context(**params)
             return _native().Context(self._model, **params)
         except _NATIVE_LOAD_ERRORS as exc:

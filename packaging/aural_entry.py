@@ -9,7 +9,7 @@ if __name__ == "__main__":
         from aural.engine.cpu import probe
 
         sys.exit(probe.main(sys.argv[2:]))
-    if sys.argv[1:2] == ["--device-process"]:  # aural.engine.isolation's child: `aural --device-process FD FD`
+    if sys.argv[1:2] == ["--device-process"]:  # aural.engine.isolation's child: `aural --device-process FD FD FD`
         from aural.engine.isolation import child
 
         sys.exit(child.main(sys.argv[2:]))

@@ -107,6 +107,15 @@ def whisper_model(tiny_gguf):
     return WhisperModel(tiny_gguf)
 
 
+def end_device_process(remote, sig) -> None:
+    """Plays a driver fault: the device process of `remote` (an isolation.RemoteModel) ends by signal `sig`,
+    and is gone before this returns."""
+    import os
+
+    os.kill(remote.pid, sig)
+    remote._process.proc.wait(30)
+
+
 def gamma_f32(n: int) -> float:
     """The relative error bound of an n-term f32 sum or dot product: n u / (1 - n u), u = 2^-24 (Higham's
     gamma_n)."""

@@ -42,6 +42,7 @@ from aural.engine.live.journal import read_session, sessions_dir, unclosed_sessi
 from aural.engine.live.streaming import Metrics
 from aural.engine.models.store import list_models
 from audio_harness import private_mic, pulse_modules, virtual_mic  # noqa: F401 - the virtual microphone fixtures
+from conftest import end_device_process
 from fake_device import COMPUTE_FAILURE, INIT_FAILURE, FakeGpu
 
 JFK_TEXT = ("And so my fellow Americans, ask not what your country can do for you, "
@@ -839,24 +840,30 @@ def test_a_device_that_cannot_initialise_hands_the_model_to_the_cpu_with_a_messa
     assert "CPU/CPU in place of Vulkan0" in window.model_status.text()
 
 
-def test_a_device_lost_mid_file_keeps_the_segments_done_and_finishes_on_the_cpu(make_window, settings, qtbot,
-                                                                                data_dir, monkeypatch):
-    FakeGpu(lost_at=("encode", 2)).install(monkeypatch)  # lost at the sonnet's second window
-    settings.set(Key.COMPUTE_DEVICE, "Vulkan0")
-    settings.set(Key.BEAM_SIZE, 1)
-    window = make_window()
+def sonnet_with_a_fallback_at_its_second_window(window, qtbot, data_dir) -> FileJob:
+    """Transcribes the sonnet (two windows) in `window`, whose device fails at the second, to the end; checks
+    that the first window's segments stand and the second was decoded again on the CPU, after them."""
     done_before = []
     window.files.fallback.connect(lambda _fallback: done_before.append(len(last_job(window).segments)))
     window.add_files([str(data_dir / "en_librivox_shakespeare_sonnet001.mp3")])
     job = last_job(window)
     window.show_job(job)
     wait_status(qtbot, window, job, JobStatus.DONE)
-    # The first window's segments stand; the second window was decoded again on the CPU, after them.
     assert len(done_before) == 1 and 0 < done_before[0] < len(job.segments)
     assert [s.id for s in job.segments] == list(range(len(job.segments)))
     assert all(a.end <= b.start for a, b in zip(job.segments, job.segments[1:]))
     text = normalized(" ".join(s.text for s in job.segments))
     assert text.startswith("one from fairest creatures") and text.endswith("by the grave and thee")
+    return job
+
+
+def test_a_device_lost_mid_file_keeps_the_segments_done_and_finishes_on_the_cpu(make_window, settings, qtbot,
+                                                                                data_dir, monkeypatch):
+    FakeGpu(lost_at=("encode", 2)).install(monkeypatch)  # lost at the sonnet's second window
+    settings.set(Key.COMPUTE_DEVICE, "Vulkan0")
+    settings.set(Key.BEAM_SIZE, 1)
+    window = make_window()
+    job = sonnet_with_a_fallback_at_its_second_window(window, qtbot, data_dir)
     assert window.statusBar().currentMessage() == fell_back(COMPUTE_FAILURE)
     assert "CPU/CPU in place of Vulkan0" in window.model_status.text()
     assert "CPU/CPU" in window.result.summary_text() and job.timings.device == "CPU"
@@ -878,23 +885,15 @@ def test_a_device_process_that_dies_mid_file_leaves_the_app_running_and_finishes
     def encode_then_crash(ctx, mel):
         encodes.append(mel.shape)
         if len(encodes) == 2:  # the second window
-            os.kill(ctx._model.pid, signal.SIGSEGV)
-            ctx._process.proc.wait(30)
+            end_device_process(ctx._model, signal.SIGSEGV)
         return encode(ctx, mel)
 
     monkeypatch.setattr(RemoteContext, "encode", encode_then_crash)
     settings.set(Key.BEAM_SIZE, 1)
     window = make_window()
     assert window.models.model.isolated
-    done_before = []
-    window.files.fallback.connect(lambda _fallback: done_before.append(len(last_job(window).segments)))
-    window.add_files([str(data_dir / "en_librivox_shakespeare_sonnet001.mp3")])
-    job = last_job(window)
-    window.show_job(job)
-    wait_status(qtbot, window, job, JobStatus.DONE)
-    assert len(encodes) == 2 and len(done_before) == 1 and 0 < done_before[0] < len(job.segments)
-    text = normalized(" ".join(s.text for s in job.segments))
-    assert text.startswith("one from fairest creatures") and text.endswith("by the grave and thee")
+    job = sonnet_with_a_fallback_at_its_second_window(window, qtbot, data_dir)
+    assert len(encodes) == 2
     message = window.statusBar().currentMessage()
     assert message.startswith("⚠ CPU could not be used (the device process ended (killed by SIGSEGV")
     assert job.timings.device == "CPU" and not window.models.model.isolated

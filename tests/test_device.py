@@ -13,7 +13,7 @@ import signal
 import jiwer
 import numpy as np
 import pytest
-from conftest import argmax_tokens, assert_one_error_line, english_dev_clips, run_cli
+from conftest import argmax_tokens, assert_one_error_line, end_device_process, english_dev_clips, run_cli
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine import audio, doctor, features  # first: the engine package sets the OpenMP spin limit
@@ -64,8 +64,7 @@ def text_of(model, wav, **options) -> tuple[str, list, object]:
 def test_a_device_process_that_dies_hands_the_file_to_the_cpu(tiny_gguf, cpu_model, jfk_wav):
     model = WhisperModel(tiny_gguf, device=BACKEND)
     assert model.isolated  # every device but the CPU runs in a device process
-    os.kill(model._model.pid, signal.SIGKILL)  # as a driver's fault that ends the process without a word
-    model._model._process.proc.wait(30)
+    end_device_process(model._model, signal.SIGKILL)  # as a driver's fault that ends it without a word
     fallbacks = []
     result = transcribe(model, jfk_wav, TranscribeOptions(language="en"), on_fallback=fallbacks.append)
     segments = list(result)

@@ -8,7 +8,6 @@ Driver faults are played by signalling the child: SIGSEGV as a driver's crash, S
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -25,7 +24,7 @@ from aural.engine.live.capture import ReplaySource
 from aural.engine.live.streaming import Commit, DeviceFallback, live_events
 from aural.engine.runtime import CPU_DEVICE, FallbackSession, load_model
 from aural.engine.transcribe import TranscribeOptions, transcribe
-from conftest import argmax_tokens
+from conftest import argmax_tokens, end_device_process
 
 SONNET = "en_librivox_shakespeare_sonnet001.mp3"  # 53 s: two windows
 THREADS = 2
@@ -37,13 +36,6 @@ def children() -> set[int]:
     for task in Path("/proc/self/task").iterdir():
         pids |= {int(p) for p in (task / "children").read_text().split()}
     return pids
-
-
-def kill(model, sig: signal.Signals) -> None:
-    """Plays a driver fault: the device process ends by `sig`, and is gone before this returns."""
-    native = model._model
-    os.kill(native.pid, sig)
-    native._process.proc.wait(30)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +129,7 @@ def test_a_process_that_dies_mid_file_hands_the_file_to_the_cpu_in_process(isola
     for segment in result:
         segments.append(segment)
         if len(segments) == 1:
-            kill(isolated, sig)
+            end_device_process(isolated._model, sig)
     [fallback] = fallbacks
     assert fallback.device == CPU_DEVICE and f"the device process ended (killed by {sig.name}" in fallback.reason
     # The first window's segments came from the process; the second window was decoded again in process.
@@ -151,7 +143,7 @@ def test_a_process_that_dies_mid_stream_keeps_the_commits(isolated, in_process, 
     for event in live_events(isolated, ReplaySource(jfk_wav, speed=0)):
         events.append(event)
         if isinstance(event, Commit) and sum(isinstance(e, Commit) for e in events) == 1:
-            kill(isolated, signal.SIGSEGV)
+            end_device_process(isolated._model, signal.SIGSEGV)
     [at] = [i for i, e in enumerate(events) if isinstance(e, DeviceFallback)]
     assert "killed by SIGSEGV" in events[at].reason
     assert any(isinstance(e, Commit) for e in events[:at]) and any(isinstance(e, Commit) for e in events[at:])
@@ -160,7 +152,7 @@ def test_a_process_that_dies_mid_stream_keeps_the_commits(isolated, in_process, 
 
 def test_a_call_after_the_process_died_says_why(isolated, jfk_mel):
     ctx = isolated.new_session()
-    kill(isolated, signal.SIGABRT)
+    end_device_process(isolated._model, signal.SIGABRT)
     with pytest.raises(DeviceProcessLost, match=r"the device process ended \(killed by SIGABRT"):
         ctx.encode(jfk_mel)
     with pytest.raises(DeviceProcessLost):  # and every later one, at once
@@ -177,14 +169,13 @@ def test_the_reason_quotes_the_last_line_the_process_logged(tiny_gguf, jfk_mel):
         _native.set_log_level(level)
     ctx = model.new_context()
     ctx.encode(jfk_mel)
-    os.kill(model.pid, signal.SIGABRT)  # as GGML_ABORT, whose message would be that last line
-    model._process.proc.wait(30)
+    end_device_process(model, signal.SIGABRT)  # as GGML_ABORT, whose message would be that last line
     with pytest.raises(DeviceProcessLost, match=r"\(killed by SIGABRT; its last log line: aural\.native .+\)$"):
         ctx.encode(jfk_mel)
 
 
 def test_a_session_that_cannot_open_in_a_dead_process_opens_on_the_cpu(isolated, in_process, jfk_mel):
-    kill(isolated, signal.SIGSEGV)
+    end_device_process(isolated._model, signal.SIGSEGV)
     fallbacks = []
     session = FallbackSession(isolated, fallbacks.append, n_seq=1)
     assert (session.device, session.isolated, len(fallbacks)) == (CPU_DEVICE, False, 1)

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-# Context attributes the parent may read, and methods it may call; after each method the timings it changes
-# travel back with its result, so the decoder loop needs no second round trip for them.
-_READABLE = {"interrupted", "kv_mode", "graph_reuse", "last_timings", "last_encode", "stats", "backend_report"}
+# Context attributes the parent reads, and methods it calls; after each method the timings it changes travel
+# back with its result, so the decoder loop needs no second round trip for them (and the parent keeps them).
+_READABLE = {"interrupted", "stats", "backend_report"}
 _CALLS = {"encode": "last_encode", "decode": "last_timings", "align": "last_timings", "reorder": None,
           "clear_kv": None}
 # 8 sequences' float32 logits for a vocabulary of up to 131 072 tokens (Whisper's is 51 865).
