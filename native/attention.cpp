@@ -249,7 +249,7 @@ void attention_op(ggml_tensor * dst, const ggml_tensor * q, const ggml_tensor * 
 // without a target of its own and is compiled into each entry point below, whose `flatten` inlines them there
 // (an always_inline call across a target mismatch would not compile).
 struct f16_avx512 {
-    static constexpr int W = 16;
+    static constexpr int W = 16, n_regs = 32;  // floats per vector, vector registers
     using V = __m512;
     __attribute__((target("avx512f"))) static inline V half(const ggml_fp16_t * p) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
@@ -263,7 +263,7 @@ struct f16_avx512 {
 };
 
 struct f16_avx2 {
-    static constexpr int W = 8;
+    static constexpr int W = 8, n_regs = 16;
     using V = __m256;
     __attribute__((target("avx2,fma,f16c"))) static inline V half(const ggml_fp16_t * p) {
         return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
@@ -289,17 +289,18 @@ struct cross_shapes {
     size_t v_dim, v_head;  // bytes between V^T rows of successive dimensions, heads
 };
 
-// w[r][j] = q_r . k_j / sqrt(head_dim) for the block's rows: each K row is converted once for all of them.
-template <class O>
-inline void cross_scores(const cross_shapes & s, int64_t rows, const float * q, const char * k, float * w,
-                         int64_t ld) {
+// w[r][j] = q_r . k_j / sqrt(head_dim) for the block's R rows: each K row is converted once for all of them.
+// R is a compile-time count (cross_block_of), so the row loops unroll with every sum in a register: with the
+// count known only at run time GCC 12 tested it again for each row of each key and of each V chunk.
+template <class O, int R>
+inline void cross_scores(const cross_shapes & s, const float * q, const char * k, float * w, int64_t ld) {
     constexpr int W = O::W, n_vec = cross_head_dim / W;
     const float scale = 1.0f / std::sqrt(static_cast<float>(cross_head_dim));
     for (int64_t j = 0; j < s.n_cross; ++j) {
         const auto * kj = reinterpret_cast<const ggml_fp16_t *>(k + j * s.k_pos);
         typename O::V kv[n_vec];
         for (int i = 0; i < n_vec; ++i) kv[i] = O::half(kj + i * W);
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int r = 0; r < R; ++r) {
             typename O::V acc = O::zero();
             for (int i = 0; i < n_vec; ++i) acc += O::load(q + r * s.n_state + i * W) * kv[i];
             w[r * ld + j] = O::sum(acc) * scale;
@@ -307,30 +308,85 @@ inline void cross_scores(const cross_shapes & s, int64_t rows, const float * q, 
     }
 }
 
+// V^T rows (head dimensions) per pass over the weights w: as many as the registers hold beside R rows (R x D
+// sums, D chunks of V and one of w). Each chunk of w then feeds D products where it fed one: at 8 rows w is
+// 8 x n_cross floats (48 KB at 1500 positions), past L1, and was read 64 times a block. A single row (greedy)
+// gets D independent sums where it had one chain of n_cross / W dependent adds.
+template <class O, int R>
+constexpr int cross_dims_per_pass() {
+    for (int d : {4, 2}) {
+        if (R * d + d + 1 <= O::n_regs) return d;
+    }
+    return 1;
+}
+
 // out_r[d] = sum_j w[r][j] v_j[d] / sums[r] over the head's 64 dimensions, each a long dot along V^T's row d.
 // Rows of w are ld >= n_cross floats, zero past n_cross, so the last partial chunk of V^T can be read from a
-// zero-padded copy.
-template <class O>
-inline void cross_values(const cross_shapes & s, int64_t rows, const float * w, int64_t ld, const float * sums,
-                         const char * vt, float * out) {
-    constexpr int W = O::W;
+// zero-padded copy. R as for cross_scores. Each sum adds the same products in the same order for any D.
+template <class O, int R>
+inline void cross_values(const cross_shapes & s, const float * w, int64_t ld, const float * sums, const char * vt,
+                         float * out) {
+    constexpr int W = O::W, D = cross_dims_per_pass<O, R>();
+    static_assert(cross_head_dim % D == 0, "passes cover the head's dimensions");
     const int64_t full = s.n_cross / W * W;
-    for (int64_t d = 0; d < cross_head_dim; ++d) {
-        const auto * vd = reinterpret_cast<const ggml_fp16_t *>(vt + d * s.v_dim);
-        typename O::V acc[cross_block_rows];
-        for (int64_t r = 0; r < rows; ++r) acc[r] = O::zero();
+    for (int64_t d0 = 0; d0 < cross_head_dim; d0 += D) {
+        const ggml_fp16_t * vd[D];
+        for (int e = 0; e < D; ++e) vd[e] = reinterpret_cast<const ggml_fp16_t *>(vt + (d0 + e) * s.v_dim);
+        typename O::V acc[D][R];
+        for (int e = 0; e < D; ++e) {
+            for (int r = 0; r < R; ++r) acc[e][r] = O::zero();
+        }
+        auto chunk = [&](int64_t j, const typename O::V (&v)[D]) {
+            for (int r = 0; r < R; ++r) {
+                const typename O::V x = O::load(w + r * ld + j);
+                for (int e = 0; e < D; ++e) acc[e][r] += x * v[e];
+            }
+        };
         for (int64_t j = 0; j < full; j += W) {
-            const typename O::V v = O::half(vd + j);
-            for (int64_t r = 0; r < rows; ++r) acc[r] += O::load(w + r * ld + j) * v;
+            typename O::V v[D];
+            for (int e = 0; e < D; ++e) v[e] = O::half(vd[e] + j);
+            chunk(j, v);
         }
         if (full < s.n_cross) {
-            ggml_fp16_t tail[W] = {};
-            std::memcpy(tail, vd + full, sizeof(ggml_fp16_t) * (s.n_cross - full));
-            const typename O::V v = O::half(tail);
-            for (int64_t r = 0; r < rows; ++r) acc[r] += O::load(w + r * ld + full) * v;
+            typename O::V v[D];
+            for (int e = 0; e < D; ++e) {
+                ggml_fp16_t tail[W] = {};
+                std::memcpy(tail, vd[e] + full, sizeof(ggml_fp16_t) * (s.n_cross - full));
+                v[e] = O::half(tail);
+            }
+            chunk(full, v);
         }
-        for (int64_t r = 0; r < rows; ++r) out[r * s.n_state + d] = O::sum(acc[r]) / sums[r];
+        for (int e = 0; e < D; ++e) {
+            for (int r = 0; r < R; ++r) out[r * s.n_state + d0 + e] = O::sum(acc[e][r]) / sums[r];
+        }
     }
+}
+
+// One head's block of R query rows: scores, their softmax weights (unnormalised, with their sums), values.
+// buf holds R x ld floats.
+template <class O, int R>
+inline void cross_block(const cross_shapes & s, const float * q, const char * k, const char * vt, float * buf,
+                        int64_t ld, float * out) {
+    float sums[R];
+    cross_scores<O, R>(s, q, k, buf, ld);
+    for (int r = 0; r < R; ++r) {
+        float * p = buf + r * ld;
+        const float mx = row_max<O::W>(p, s.n_cross);
+        for (int64_t j = 0; j < s.n_cross; ++j) p[j] = exp_neg(mx - p[j]);
+        sums[r] = row_sum<O::W>(p, s.n_cross);
+        std::fill(p + s.n_cross, p + ld, 0.0f);  // cross_values reads whole chunks
+    }
+    cross_values<O, R>(s, buf, ld, sums, vt, out);
+}
+
+// cross_block for a run-time count of 1..R rows (a prompt's last block may hold fewer than cross_block_rows).
+template <class O, int R = static_cast<int>(cross_block_rows)>
+inline void cross_block_of(int64_t rows, const cross_shapes & s, const float * q, const char * k, const char * vt,
+                           float * buf, int64_t ld, float * out) {
+    if constexpr (R > 1) {
+        if (rows < R) return cross_block_of<O, R - 1>(rows, s, q, k, vt, buf, ld, out);
+    }
+    cross_block<O, R>(s, q, k, vt, buf, ld, out);
 }
 
 // Thread ith of nth: tasks are (head, block of query rows), dealt round-robin.
@@ -342,24 +398,14 @@ inline void cross_attend(ggml_tensor * dst, const ggml_tensor * q, const ggml_te
     const int64_t ld = (s.n_cross + O::W - 1) / O::W * O::W;
     thread_local std::vector<float> buf;  // ggml's worker threads persist: allocated once per thread
     buf.resize(static_cast<size_t>(cross_block_rows * ld));
-    float sums[cross_block_rows];
     const auto * qd = static_cast<const float *>(q->data);
     auto * od = static_cast<float *>(dst->data);
     for (int64_t task = ith; task < n_head * n_blocks; task += nth) {
-        const int64_t h = task / n_blocks, i0 = task % n_blocks * cross_block_rows;
-        const int64_t rows = std::min(cross_block_rows, s.n_q - i0);
-        const int64_t col = h * cross_head_dim;
-        cross_scores<O>(s, rows, qd + i0 * s.n_state + col, static_cast<const char *>(k->data) + h * s.k_head,
-                        buf.data(), ld);
-        for (int64_t r = 0; r < rows; ++r) {
-            float * p = buf.data() + r * ld;
-            const float mx = row_max<O::W>(p, s.n_cross);
-            for (int64_t j = 0; j < s.n_cross; ++j) p[j] = exp_neg(mx - p[j]);
-            sums[r] = row_sum<O::W>(p, s.n_cross);
-            std::fill(p + s.n_cross, p + ld, 0.0f);  // cross_values reads whole chunks
-        }
-        cross_values<O>(s, rows, buf.data(), ld, sums, static_cast<const char *>(vt->data) + h * s.v_head,
-                        od + i0 * s.n_state + col);
+        const int64_t h = task / n_blocks, i0 = task % n_blocks * cross_block_rows, col = h * cross_head_dim;
+        cross_block_of<O>(std::min(cross_block_rows, s.n_q - i0), s, qd + i0 * s.n_state + col,
+                          static_cast<const char *>(k->data) + h * s.k_head,
+                          static_cast<const char *>(vt->data) + h * s.v_head, buf.data(), ld,
+                          od + i0 * s.n_state + col);
     }
 }
 
