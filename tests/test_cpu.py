@@ -217,6 +217,19 @@ def test_decoder_cross_attention_is_within_f32_rounding(level, n_q, n_cross, n_h
     assert_attention_within_f32_rounding(got, q.astype(np.float64), f16(k).T, f16(v), n_head)
 
 
+def test_decoder_cross_attention_rows_are_the_same_bits_in_any_block(level):
+    """Each query row's products and sums are the same, in the same order, whatever block of rows it is
+    computed in: blocks of 1 to 8 rows run as separate compiled loops, which sum different numbers of head
+    dimensions per pass (registers allowing). 13 rows are a block of 8 and one of 5."""
+    if level.kernel_isa == "baseline":
+        pytest.skip("Aural's cross-attention needs AVX2 or AVX-512")
+    _, q, k, v = decoder_attention_inputs(13, 1499, 6)
+    together = _native.kernel_cross_attention(q, k, v, 6)
+    alone = np.concatenate([_native.kernel_cross_attention(q[r:r + 1], k, v, 6) for r in range(len(q))])
+    in_threes = np.concatenate([_native.kernel_cross_attention(q[r:r + 3], k, v, 6) for r in range(0, 13, 3)])
+    assert np.array_equal(together, alone) and np.array_equal(together, in_threes)
+
+
 @pytest.mark.parametrize("n_q, n_ctx, n_head", [(1, 448, 6), (5, 2240, 6), (8, 37, 20)])
 def test_decoder_self_attention_is_within_f32_rounding(level, n_q, n_ctx, n_head):
     """The decoder's self-attention over f16 K/V cells, each query row over the cells its mask row leaves
