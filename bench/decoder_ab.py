@@ -2,11 +2,11 @@
 """Interleaved A/B of Aural's decoder: builds (interpreters with Aural installed) × environments.
 
 Variants as in encoder_ab.py (`name=PYTHON[,VAR=VALUE...]`). Every round starts one process per variant,
-in order; each loads the model, warms up on JFK, then transcribes the sonnet (53 s: three windows; `--clip`: another) once
-greedy and once with beam 5, with 30 s windows (1500 audio positions for the cross-attention), and reports
-the native compute time per decoder call (`Timings.compute_ms`), the calls and the text (a check that the
-variants agree). Writes bench/results/<name>.json and .md (median / min, and the median of per-round
-ratios to the first variant).
+in order; each loads the model, warms up on JFK, then transcribes the sonnet (53 s: three windows; or the
+`--clip` given) once greedy and once with beam 5, with 30 s windows (1500 audio positions for the
+cross-attention), and reports the native compute time per decoder call (`Timings.compute_ms`), the calls and
+the text (a check that the variants agree). Writes bench/results/<name>.json and .md (median / min, and the
+median of per-round ratios to the first variant).
 
     .venv/bin/python bench/decoder_ab.py --rounds 5 \\
         --variant "before=/tmp/before/bin/python" --variant "after=.venv/bin/python"

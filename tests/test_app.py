@@ -243,8 +243,8 @@ def rss_mib() -> float:
 # Memory in use is read with the queue idle, before and after the fifty files. A reading taken as a file ends
 # swings by up to 60 MiB with whether the worker has already allocated the next file's buffers: floors of three
 # such readings rose 32 MiB without a leak in one CI run (2026-12-03). Idle readings grew 0.1-9.5 MiB in 5 runs
-# on a Zen 4 (the queue's 50 new rows among it). Two files go first, as the first file warms up (with the
-# encoder's widened f32 matrices RSS steps from 278 to 306-310 MiB after it, in this test only).
+# on a Zen 4 (the queue's 50 new rows among it). Five files go first, as the first use of each path warms up
+# (with the encoder's widened f32 matrices RSS steps from 278 to 306-310 MiB after the first file, in this test only).
 # A leak per file would show as growth over the ~10 files transcribed: a kept native Context (KV arena 2.8 MiB +
 # cross K/V 9.2 MiB for tiny.en, plus compute buffers) adds 12+ MiB per file, a kept 30 s window (mel 0.9 MiB +
 # samples 1.9 MiB) 2.8 MiB: 2.8 MiB kept per transcribe call, planted, gave +39 and +58 MiB. With a new thread
@@ -259,6 +259,7 @@ def test_fifty_dropped_files_with_random_cancels_all_end_and_the_window_quits_cl
     for path in paths:
         path.symlink_to(clip)
     rng = random.Random(7)
+    ended = (JobStatus.DONE, JobStatus.CANCELLED, JobStatus.FAILED)
     # The warm-up takes every path the fifty take (done, cancelled while running and queued, a missing file),
     # so that what their first use allocates (a fresh clone's CI grew 25 MiB without them) comes before.
     warm_ups = [tmp_path / f"warm{i}.wav" for i in range(5)]
@@ -269,8 +270,7 @@ def test_fifty_dropped_files_with_random_cancels_all_end_and_the_window_quits_cl
     window.queue.cancel_button(window.files.jobs[2].id).click()
     qtbot.waitUntil(lambda: first.status is not JobStatus.QUEUED, timeout=FILE_S)
     window.queue.cancel_button(first.id).click()
-    qtbot.waitUntil(lambda: all(job.status in (JobStatus.DONE, JobStatus.CANCELLED, JobStatus.FAILED)
-                                for job in window.files.jobs), timeout=2 * FILE_S)
+    qtbot.waitUntil(lambda: all(job.status in ended for job in window.files.jobs), timeout=2 * FILE_S)
     assert second.status is JobStatus.DONE
     qtbot.waitUntil(lambda: not window.files.busy, timeout=10_000)
     rss_before = rss_mib()
@@ -284,7 +284,6 @@ def test_fifty_dropped_files_with_random_cancels_all_end_and_the_window_quits_cl
     running_cancels = set(rng.sample(sorted(set(range(50)) - queued_cancels), 4))
     for i in sorted(queued_cancels):
         window.queue.cancel_button(jobs[i].id).click()
-    ended = (JobStatus.DONE, JobStatus.CANCELLED, JobStatus.FAILED)
     for i, job in enumerate(jobs):  # in queue order, as the worker reaches them
         if i in running_cancels:
             qtbot.waitUntil(lambda: job.status is not JobStatus.QUEUED, timeout=FILE_S)
