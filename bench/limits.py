@@ -13,10 +13,11 @@
 Measured: Aural's own times, one process, after a warm-up: encoder ms per 30 s window (median of 5) and
 decoder ms per call (median of 200 greedy and 200 beam-5 calls at 30 past tokens), 2 threads.
 
-    .venv/bin/python bench/limits.py                       # this process's level (AURAL_CPU_VARIANT)
+    .venv/bin/python bench/limits.py                       # tiny.en at this process's level (AURAL_CPU_VARIANT)
     AURAL_CPU_VARIANT=haswell .venv/bin/python bench/limits.py
+    .venv/bin/python bench/limits.py base                  # a model name or .gguf path
 
-Writes bench/results/limits-<level>.json and rewrites bench/results/limits.md from every level's JSON
+Writes bench/results/limits-<level>[-<core>][-<model>].json (no model suffix: tiny.en) and rewrites bench/results/limits.md from every level's JSON
 (`--render`: only the latter).
 """
 
@@ -111,7 +112,7 @@ def measure(model_path: str) -> dict:
     int8_rate = 2 * int8_lanes * hz
     enc_floor_s = (proj / int8_rate if int8 else proj / f32_rate) + (attention + conv) / f32_rate
     return {
-        "cpu": cpu_class(), "level": level.variant,
+        "model": Path(model_path).stem.removesuffix("-f16"), "cpu": cpu_class(), "level": level.variant,
         "kernel_isa": isa, "int8": int8, "clock_ghz": hz / 1e9, "read_gib_s": bw / GIB,
         "decoder": {"bytes_per_step": bytes_per_step, "layers": layer_bytes, "screen": screen, "cross_kv": cross_kv,
                     "self_kv": self_kv, "floor_ms": bytes_per_step / bw * 1000,
@@ -127,13 +128,13 @@ def render() -> str:
     lines = ["# Decoder and encoder against the physical limits", "",
              "2 threads. `bench/limits.py` (its docstring has the method). A CPU that reads only \"AMD EPYC\" is the "
              "Zen 4 VM of 2026-12-01, measured before reports named the core.", "",
-             "| CPU | level | kernels | read GiB/s (2 threads) | decoder bytes/step MiB | decoder floor ms | greedy ms (fraction of floor reached) "
+             "| model | CPU | level | kernels | read GiB/s (2 threads) | decoder bytes/step MiB | decoder floor ms | greedy ms (fraction of floor reached) "
              "| beam-5 step ms | encoder GMAC / 30 s window | peak GMAC/s f32 · int8 | encoder floor ms | measured ms (fraction) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         d, e = r["decoder"], r["encoder"]
         lines.append(
-            f"| {r['cpu']} | {r['level']} | {r['kernel_isa']}{' + int8' if r['int8'] else ''} | {r['read_gib_s']:.1f} "
+            f"| {r.get('model', 'tiny.en')} | {r['cpu']} | {r['level']} | {r['kernel_isa']}{' + int8' if r['int8'] else ''} | {r['read_gib_s']:.1f} "
             f"| {d['bytes_per_step'] / 2**20:.1f} | {d['floor_ms']:.2f} | {d['greedy_ms']:.2f} "
             f"({d['floor_ms'] / d['greedy_ms']:.0%}) | {d['beam5_ms']:.2f} | {e['macs'] / 1e9:.1f} "
             f"| {e['f32_gmacs']:.0f} · {e['int8_gmacs']:.0f} | {e['floor_ms']:.0f} | {e['measured_ms']:.0f} "
@@ -153,12 +154,11 @@ def main(argv: list[str]) -> int:
 
     from aural.engine.cpu import cpu_core
 
-    model = argv[0] if argv else str(resolve_model(None))
-    out = measure(model)
+    out = measure(str(resolve_model(argv[0] if argv else None)))
     RESULTS.mkdir(parents=True, exist_ok=True)
     # One file per level and core: the haswell level of a Zen 2 is not the haswell level run on a Zen 4.
     core = cpu_core().lower().replace(" ", "").removesuffix("-sp")
-    tag = f"-{core}" if core else ""
+    tag = (f"-{core}" if core else "") + ("" if out["model"] == "tiny.en" else f"-{out['model']}")
     (RESULTS / f"limits-{out['level']}{tag}.json").write_text(json.dumps(out, indent=1))
     (RESULTS / "limits.md").write_text(render())
     print(json.dumps(out, indent=1))
