@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -205,23 +206,47 @@ def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: 
         source = load_audio(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
     out_path = args.output_dir / f"{path.stem}.{args.format}" if args.output_dir else None
     progress = None if args.quiet or _stdout_shows_transcript(out_path) else _Progress(path.name, sys.stderr)
-    result = transcribe(
-        model, source, options,
-        kv_mode=args.kv_mode, graph_reuse=not args.no_graph_reuse,
-        raw_rate=args.raw_rate, raw_format=args.raw_format, progress=progress,
-    )
     try:
-        with _open_output(out_path) as fh:
+        with _interruptible() as stop, _open_output(out_path) as fh:
+            result = transcribe(
+                model, source, options,
+                kv_mode=args.kv_mode, graph_reuse=not args.no_graph_reuse,
+                raw_rate=args.raw_rate, raw_format=args.raw_format, progress=progress, stop=stop,
+            )
             # A translation is English whatever was spoken: only transcripts can hold Chinese.
             language = result.info.language if args.task == "transcribe" else None
             segments = localize_segments(result, language, args.zh_script or default_script())
             write_result(args.format, segments, result.info, result.timings, fh,
                          max_line_len=args.max_line_len, max_cue_s=args.max_cue_s)
+            if stop.is_set():  # the transcript was cut short: no output file
+                raise KeyboardInterrupt
     finally:
         if progress is not None:  # erase the bar even on failure, so the error line starts clean
             progress.close()
     if not args.quiet:
         print(_summary(path, result.info, result.timings.to_dict(), out_path), file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[Any]:
+    """A `cancel.StopEvent` that Ctrl-C sets, besides raising KeyboardInterrupt where Python code runs.
+
+    The exception alone is not enough: raised inside a library it can be lost there (PyAV's error check,
+    hit mid-resample, swallowed one and the whole file was transcribed, exit 0). The event still ends the
+    transcription at its next decoder step, and interrupts the native call in progress."""
+    from .cancel import StopEvent
+
+    stop = StopEvent()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        stop.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _stdout_shows_transcript(out_path: Path | None) -> bool:
@@ -548,7 +573,6 @@ def _list_devices() -> int:
 def _run_live(args: argparse.Namespace) -> int:
     """Prints captions as events arrive: committed text stays, tentative text is dimmed and rewritten
     (on a terminal); --json prints every event; the first Ctrl-C stops cleanly, a second one aborts."""
-    import signal
     import threading
 
     from .live.capture import ReplaySource, list_input_devices, open_input

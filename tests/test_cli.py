@@ -445,6 +445,22 @@ def test_raw_pcm_input(cli_env, model_path, tmp_path, channels):
     assert "forward" in proc.stdout.lower()
 
 
+def test_ctrl_c_sets_the_stop_event_even_where_a_library_swallows_the_interrupt():
+    import time
+
+    from aural.engine.cli import _interruptible
+
+    before = signal.getsignal(signal.SIGINT)
+    with _interruptible() as stop:
+        try:  # a library that catches the exception, as PyAV's error check did mid-resample
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs within this call
+        except KeyboardInterrupt:
+            pass
+        assert stop.is_set()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_ctrl_c_exits_130_and_leaves_no_partial_file(cli_env, model_path, tmp_path):
     import numpy as np
     import soundfile
