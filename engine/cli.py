@@ -537,18 +537,23 @@ def _add_live(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: 0 = automatic)")
     p.add_argument("--kv-mode", choices=["device", "host"], default="device",
                    help="keep the decoder KV cache on the device or on the host (default: device)")
-    p.add_argument("--step", type=float, default=1.0, metavar="S",
-                   help="seconds of audio between decodes (default: 1.0)")
-    p.add_argument("--policy", choices=["local-agreement", "alignatt"], default="local-agreement",
+    # Stream options left out take StreamOptions' defaults (the help states them, for the reader).
+    p.add_argument("--step", type=float, metavar="S", help="seconds of audio between decodes (default: 1.0)")
+    p.add_argument("--policy", choices=["local-agreement", "alignatt"],
                    help="when a word is final: once two hypotheses in a row agree on it (local-agreement, the "
                         "default), or once the decoder wrote it from audio it has heard to the end (alignatt: "
                         "sooner, one hypothesis)")
-    p.add_argument("--frames", type=int, default=25, metavar="F",
+    p.add_argument("--frames", type=int, metavar="F",
                    help="alignatt: a word is final once its tokens attend before the last F encoder positions "
                         "of 20 ms (default: 25)")
-    p.add_argument("--hold", type=int, default=1, metavar="N",
+    p.add_argument("--hold", type=int, metavar="N",
                    help="steps a shown tentative word stays when a new hypothesis changes it, so words that "
                         "flip back and forth do not flicker (default: 1; 0 shows every hypothesis)")
+    p.add_argument("--commit-after", type=float, metavar="S",
+                   help="a pause of S seconds makes the tentative text final (default: 2.0)")
+    p.add_argument("--pause-step", action="store_true", default=None,
+                   help="decode as soon as the speaker pauses: with --commit-after 0.5 the last words are final "
+                        "about 0.4 s after they are spoken, at some cost in accuracy")
     p.add_argument("--audio-ctx", choices=["auto", "full"], default="auto",
                    help="encode only the window's audio (auto) or always 30 s (full, slower) (default: auto)")
     p.add_argument("--language", help="spoken language code or name, e.g. zh (default: detect each utterance)")
@@ -592,9 +597,10 @@ def _run_live(args: argparse.Namespace) -> int:
         inputs = [open_input(name, devices) for name in args.device or [None]]
         source = inputs[0] if len(inputs) == 1 else MixSource(inputs)
     try:
-        options = StreamOptions(step_s=args.step, audio_ctx=args.audio_ctx, hold_steps=args.hold, policy=args.policy,
-                                alignatt_frames=args.frames,
-                                language=normalize_language(args.language), zh_script=args.zh_script)
+        given = {"step_s": args.step, "hold_steps": args.hold, "policy": args.policy, "alignatt_frames": args.frames,
+                 "min_silence_commit_s": args.commit_after, "pause_step": args.pause_step}
+        options = StreamOptions(audio_ctx=args.audio_ctx, language=normalize_language(args.language),
+                                zh_script=args.zh_script, **{k: v for k, v in given.items() if v is not None})
     except ValueError as exc:
         return _usage_error(args.parser, str(exc))
     stop = threading.Event()

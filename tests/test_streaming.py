@@ -22,7 +22,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from conftest import DATA, english_dev_clips
 from aural.engine.audio import load_audio
-from aural.engine.decoding import DecodingResult, compression_ratio
+from aural.engine.decoding import REPEATED_SEGMENTS, DecodingResult, compression_ratio, too_repetitive
 from aural.engine.features import N_FRAMES, N_SAMPLES, log_mel_spectrogram, window_mel
 from aural.engine.live.capture import MicrophoneSource, ReplaySource
 from aural.engine.models.store import list_models, resolve_model
@@ -39,6 +39,7 @@ from aural.engine.live.streaming import (
     _context_frames,
     _parse,
     _join,
+    _repeated_run,
     _skip_committed,
     _units,
     _Word,
@@ -190,6 +191,40 @@ def test_a_hypothesis_repeating_one_segment_three_times_is_rejected(model):
     assert not _Stream(model, StreamOptions(), "device")._rejected(twice)
 
 
+def test_a_run_of_words_repeated_three_times_in_one_segment_is_rejected(model):
+    tok = model.tokenizer
+    ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731
+    # The telephone-band 5 min series' loop at a 0.5 s pause commit, after the window's committed words: one
+    # segment, so no segment repeats, and the window's whole text compresses less than 2.4.
+    before = (" He hoped there would be stew for dinner, turnips and carrots and bruised potatoes and fat mutton"
+              " pieces to be ladled out in thick peppered flour-fattened sauce. Stuff it into you, his belly"
+              " counseled him.")
+    text = before + " he could wait no longer." * 5 + " he"
+    tokens = [ts(0.0), *tok.encode(before), ts(9.0), ts(9.0), *tok.encode(text[len(before):]), ts(11.5)]
+    result = DecodingResult(tokens=tokens, text=text.strip(), avg_logprob=-0.3, no_speech_prob=0.1,
+                            compression_ratio=compression_ratio(text.strip()))
+    assert not too_repetitive(result, tok.timestamp_begin, 2.4, REPEATED_SEGMENTS)  # the older checks miss it
+    assert _Stream(model, StreamOptions(), "device")._rejected(result)
+    assert not _Stream(model, StreamOptions(repeated_words_threshold=None), "device")._rejected(result)
+    speech = "Ten of clubs, four, queen of clubs, seven of clubs. No, no, no."  # repeats, never a run thrice
+    assert not _Stream(model, StreamOptions(), "device")._rejected(
+        DecodingResult(tokens=tok.encode(" " + speech), text=speech, avg_logprob=-0.3, no_speech_prob=0.1,
+                       compression_ratio=1.3))
+
+
+@pytest.mark.parametrize("text, times, looped", [
+    ("a b c a b c a b c", 3, True),
+    ("a b c a b c a b", 3, False),
+    ("x a b a b a b y", 3, True),
+    ("a a a a a", 3, False),  # one word: n starts at 2 ("a a" needs six)
+    ("a a a a a a", 3, True),
+    ("a b a b", 2, True),
+    ("", 3, False),
+])
+def test_a_repeated_run_is_found_wherever_it_starts(text, times, looped):
+    assert _repeated_run(text.split(), times) is looped
+
+
 def test_options_keep_the_window_under_the_encoder_limit():
     with pytest.raises(ValueError):
         StreamOptions(max_window_s=28.0)
@@ -199,6 +234,12 @@ def test_options_keep_the_window_under_the_encoder_limit():
         StreamOptions(audio_ctx="short")
     with pytest.raises(ValueError):
         StreamOptions(audio_ctx_bucket_s=0)
+    with pytest.raises(ValueError, match="repeated_words_threshold"):
+        StreamOptions(repeated_words_threshold=1)
+    with pytest.raises(ValueError, match="min_silence_commit_s"):
+        StreamOptions(min_silence_commit_s=0)
+    with pytest.raises(ValueError, match="min_silence_commit_s"):
+        StreamOptions(min_silence_commit_s=5.0, min_silence_reset_s=4.0)
 
 
 @pytest.mark.parametrize("window_s, pad_s, bucket_s, frames", [
@@ -341,6 +382,26 @@ def test_commit_lag_does_not_grow_through_silence(model, jfk_wav, tmp_path):
     # Measured from the end of the input it would be over 15 s; every word waited far less than that.
     assert last.audio_s > len(audio) / rate + silence_s - 0.1
     assert 0 <= last.commit_lag_s < silence_s / 2
+
+
+def test_the_last_words_are_decoded_as_the_gate_closes_and_final_within_the_pause_commit(model, jfk_wav):
+    """Fed 0.1 s at a time as from a microphone, JFK then silence: the last decode comes in the block where
+    the gate closed (pause_step; without it, up to step_s later), and the last words are committed no later
+    than min_silence_commit_s into the silence."""
+    audio, rate = sf.read(jfk_wav, dtype="float32")
+    block = rate // 10
+    samples = np.concatenate([audio, np.zeros(3 * rate, np.float32)])
+    stream = _Stream(model, StreamOptions(min_silence_commit_s=0.5, pause_step=True), "device")
+    polls = []  # (samples consumed, silence start or None, events of that poll)
+    for start in range(0, samples.size, block):
+        stream.feed(samples[start:start + block])
+        polls.append((stream.total, stream.silence_from, list(stream.poll())))
+    last = max(i for i, (_, _, events) in enumerate(polls) if commits(events))
+    total, silence_from, events = polls[last]
+    assert commits(events)[-1].text.endswith("country.")
+    assert total - silence_from < 0.5 * rate + block
+    decodes = [t for t, _, events in polls[:last + 1] if any(isinstance(e, Partial) for e in events)]
+    assert silence_from <= decodes[-1] < silence_from + block
 
 
 @dataclass(frozen=True)
@@ -491,6 +552,31 @@ def test_live_command_commits_by_attention_with_policy_alignatt(jfk_wav):
     bad = subprocess.run(live_command("--replay", jfk_wav, "--hold", "-1"), capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode != 0 and "hold_steps" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_live_command_commits_at_short_pauses_with_pause_step(jfk_wav):
+    result = subprocess.run(live_command("--replay", jfk_wav, "--speed", "0", "--json", "--commit-after", "0.5",
+                                         "--pause-step"), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    committed = [e["text"] for e in map(json.loads, result.stdout.splitlines()) if e["type"] == "commit"]
+    assert wer(words(JFK), words(" ".join(committed))) <= 1 / len(words(JFK)), committed
+    bad = subprocess.run(live_command("--replay", jfk_wav, "--commit-after", "0"), capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode != 0 and "min_silence_commit_s" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_live_help_states_the_stream_options_defaults():
+    """Options left out take StreamOptions' defaults; the help states them, so it must say the same."""
+    from aural.engine.cli import build_parser
+
+    live = build_parser()._subparsers._group_actions[0].choices["live"]
+    helps = {a.dest: a.help for a in live._actions}
+    d = StreamOptions()
+    stated = {"step": f"(default: {d.step_s})", "policy": f"({d.policy}, the default)",
+              "frames": f"(default: {d.alignatt_frames})", "hold": f"(default: {d.hold_steps};",
+              "commit_after": f"(default: {d.min_silence_commit_s})"}
+    for dest, text in stated.items():
+        assert text in " ".join(helps[dest].split()), (dest, helps[dest])
 
 
 def test_ctrl_c_commits_the_tail_and_prints_a_summary(jfk_wav):
