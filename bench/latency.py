@@ -11,11 +11,16 @@ its latencies are
   committed without being shown first, e.g. at the end of the stream);
 - commit: wall time of the Commit containing it, minus the same.
 
+- final: wall time of the last Commit minus the spoken end of the clip's last word: end of utterance to
+  final text. Each clip is followed by `--tail-s` of silence (default 3 s) before the replay ends, so that
+  the final text comes from the pause commit, as from a microphone, not from the end of the stream.
+
 Steadiness: rewrites per minute of audio, the tentative words a viewer saw replaced or dropped
 (`Metrics.rewrites`, which tests/test_streaming.py recounts from the events).
 
-`--policy` (local-agreement, alignatt), `--frames` (StreamOptions.alignatt_frames), `--audio-ctx`, `--step`
-and `--hold` (StreamOptions.hold_steps) take comma-separated values; every combination is a configuration, and
+`--policy` (local-agreement, alignatt), `--frames` (StreamOptions.alignatt_frames), `--audio-ctx`, `--step`,
+`--hold` (StreamOptions.hold_steps), `--commit-after` (min_silence_commit_s) and `--pause-step` (1/0) take
+comma-separated values; every combination is a configuration, and
 the configurations are interleaved clip by clip (each clip runs them all, starting with a different one
 each time), so that a shared machine's changing load falls on all of them alike. The 1-minute load
 average is recorded before every run. The offline transcription is made once per clip.
@@ -24,19 +29,26 @@ average is recorded before every run. The offline transcription is made once per
 configuration (throughput and memory: RSS after model load and at the end, RTF, WER). Runs under the
 project venv (.venv), since it imports Aural. Writes bench/results/latency.json and latency.md.
 
+`--source system` plays each clip into a private PulseAudio daemon's null sink and captions the sink's monitor
+(tests/audio_harness.VirtualMic), the path of captioning what the computer plays, at real-time pace.
+
 Usage: .venv/bin/python bench/latency.py [--speed 1.0] [--policy local-agreement,alignatt] [--frames 15,25]
-       [--audio-ctx auto,full] [--step 1.0,0.5] [--hold 0,1] [--threads 1] [--clips a.wav,b.flac] [--long-minutes 10]
+       [--audio-ctx auto,full] [--step 1.0,0.5] [--hold 0,1] [--commit-after 2.0,0.5] [--pause-step 0,1]
+       [--tail-s 3] [--source replay|system] [--threads 1] [--clips a.wav,b.flac] [--long-minutes 10]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from difflib import SequenceMatcher
@@ -49,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, english_dev_clips, fmt, machine_info, md_table, word_errors  # noqa: E402
 
 from aural.engine.audio import load_audio  # noqa: E402
-from aural.engine.live.capture import ReplaySource  # noqa: E402
+from aural.engine.live.capture import MicrophoneSource, ReplaySource  # noqa: E402
 from aural.engine.live.streaming import Commit, Metrics, Partial, StreamOptions, live_events  # noqa: E402
 from aural.engine.models.store import resolve_model  # noqa: E402
 from aural.engine.runtime import WhisperModel  # noqa: E402
@@ -74,6 +86,8 @@ class ClipResult:
         matched: offline words matched to a streamed word.
         partial_s: per matched word, seconds from its spoken end to its first showing.
         commit_s: per matched word, seconds from its spoken end to its commit.
+        final_s: seconds from the spoken end of the clip's last word to the last commit (None: nothing
+            committed).
         reference_words: words of the (normalised) reference transcript.
         errors_offline: word errors of the offline transcript against the reference.
         errors_stream: word errors of the concatenated commits against the reference.
@@ -96,6 +110,7 @@ class ClipResult:
     matched: int = 0
     partial_s: list[float] = field(default_factory=list)
     commit_s: list[float] = field(default_factory=list)
+    final_s: float | None = None
     reference_words: int = 0
     errors_offline: int = 0
     errors_stream: int = 0
@@ -152,11 +167,69 @@ def offline_words(model: WhisperModel, path: Path) -> Offline:
     return Offline(texts, ends, " ".join(texts))
 
 
-def stream_clip(model: WhisperModel, path: Path, speed: float, options: StreamOptions) -> tuple[list, float]:
-    """(timed events as (wall time, event), wall time of the replay's sample 0)."""
-    source = ReplaySource(path, speed=speed)
-    timed = [(time.monotonic(), event) for event in live_events(model, source, options)]
-    return timed, source.clock_start
+class Replay:
+    """Streams a file through ReplaySource at `speed`."""
+
+    label = "replay"
+
+    def __init__(self, speed: float):
+        self.speed = speed
+
+    def __call__(self, model: WhisperModel, path: Path, options: StreamOptions) -> tuple[list, float]:
+        """(timed events as (wall time, event), wall time of the replay's sample 0)."""
+        source = ReplaySource(path, speed=self.speed)
+        timed = [(time.monotonic(), event) for event in live_events(model, source, options)]
+        return timed, source.clock_start
+
+
+class _SignalledSource(MicrophoneSource):
+    """A capture that says when it has started, so that playback begins only once it listens."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.started = threading.Event()
+
+    def start(self) -> None:
+        super().start()
+        self.started.set()
+
+
+class SystemAudio:
+    """Plays a file into a private PulseAudio daemon's null sink and captions the sink's monitor, the path of
+    `aural live --device <monitor>` captioning what the computer plays (tests/audio_harness.VirtualMic). The
+    clock starts when paplay is launched, so the player's start-up and the server's buffering (20 ms
+    requested) count as latency, as they would for a user."""
+
+    label = "system audio (paplay into a null sink, captured from its monitor)"
+    speed = 1.0
+    DRAIN_S = 0.5  # capture kept open after the player ends, for the server's and the ring's buffers
+
+    def __init__(self, mic):
+        self.mic = mic
+
+    def __call__(self, model: WhisperModel, path: Path, options: StreamOptions) -> tuple[list, float]:
+        source = _SignalledSource(server_source="vsink.monitor")
+        stop = threading.Event()
+        timed: list = []
+
+        def consume() -> None:
+            timed.extend((time.monotonic(), event) for event in live_events(model, source, options, stop=stop))
+
+        worker = threading.Thread(target=consume, name="latency-system-audio")
+        worker.start()
+        try:
+            if not source.started.wait(15):
+                raise RuntimeError("the monitor capture did not start in 15 s")
+            clock_start = time.monotonic()
+            player = subprocess.run(["paplay", "--device=vsink", "--latency-msec=20", str(path)], env=self.mic.env,
+                                    timeout=600)
+            if player.returncode:
+                raise RuntimeError(f"paplay failed with {player.returncode}")
+            time.sleep(self.DRAIN_S)
+        finally:
+            stop.set()
+            worker.join()
+        return timed, clock_start
 
 
 def word_times(timed: list) -> tuple[list[str], list[float], list[float]]:
@@ -177,9 +250,22 @@ def word_times(timed: list) -> tuple[list[str], list[float], list[float]]:
     return committed, first, commit_at
 
 
-def measure_clip(model: WhisperModel, clip, offline: Offline, speed: float, options: StreamOptions) -> ClipResult:
+def with_tail(clip, tail_s: float, folder: Path) -> Path:
+    """The clip followed by `tail_s` of silence, as a WAV in `folder` (the clip's own file when 0)."""
+    if not tail_s:
+        return audio_path(clip)
+    path = folder / f"{clip.path.stem}-tail.wav"
+    samples = load_audio(audio_path(clip))
+    sf.write(path, np.concatenate([samples, np.zeros(round(tail_s * SAMPLE_RATE), np.float32)]), SAMPLE_RATE,
+             subtype="FLOAT")
+    return path
+
+
+def measure_clip(model: WhisperModel, clip, replay: Path, offline: Offline, streamer,
+                 options: StreamOptions) -> ClipResult:
     result = ClipResult(clip.name, clip.duration_s, len(offline.words), loadavg_1m=os.getloadavg()[0])
-    timed, clock_start = stream_clip(model, audio_path(clip), speed, options)
+    timed, clock_start = streamer(model, replay, options)
+    speed = streamer.speed
     streamed, first, committed_at = word_times(timed)
     blocks = SequenceMatcher(None, [_key(w) for w in offline.words], [_key(w) for w in streamed], autojunk=False)
     for block in blocks.get_matching_blocks():
@@ -188,6 +274,8 @@ def measure_clip(model: WhisperModel, clip, offline: Offline, speed: float, opti
             result.partial_s.append(first[j] - spoken)
             result.commit_s.append(committed_at[j] - spoken)
     result.matched = len(result.commit_s)
+    if committed_at and offline.ends:
+        result.final_s = max(committed_at) - (clock_start + offline.ends[-1] / speed)
     result.errors_offline, result.reference_words = word_errors(clip.reference, offline.text)
     result.text_stream = " ".join(streamed)
     result.errors_stream, _ = word_errors(clip.reference, result.text_stream)
@@ -299,32 +387,37 @@ def measure_long(model: WhisperModel, clips, minutes: float, options: StreamOpti
 # -- report ----------------------------------------------------------------------------------------
 
 _CLIP_HEADER = ("clip", "audio s", "words matched", "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s",
-                "RTF", "first partial s", "encoder ms", "step ms", "tokens/step", "rewrites", "dropped", "load 1m",
-                "WER offline %", "WER stream %")
-_SUMMARY_HEADER = ("config", "policy", "audio ctx", "step s", "hold steps", "partial p50 s", "partial p90 s", "commit p50 s",
-                   "commit p90 s", "rewrites/min", "first partial s", "RTF", "encoder ms/step", "step ms", "tokens/step", "decode ms/token",
-                   "dropped", "load 1m", "WER offline %", "WER stream %")
+                "final s", "RTF", "first partial s", "encoder ms", "step ms", "tokens/step", "rewrites", "dropped",
+                "load 1m", "WER offline %", "WER stream %")
+_SUMMARY_HEADER = ("config", "policy", "audio ctx", "step s", "hold steps", "pause commit s", "pause step",
+                   "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s", "final p50 s", "final p90 s",
+                   "rewrites/min", "first partial s", "RTF", "encoder ms/step", "step ms", "tokens/step",
+                   "decode ms/token", "dropped", "load 1m", "WER offline %", "WER stream %")
 
 
 def _clip_row(r: dict) -> tuple:
     partial, commit = percentiles(r["partial_s"]), percentiles(r["commit_s"])
     return (r["name"], fmt(r["duration_s"], 1), f"{r['matched']}/{r['words']}", fmt(partial["p50"]),
-            fmt(partial["p90"]), fmt(commit["p50"]), fmt(commit["p90"]), fmt(r["rtf_mean"]), fmt(r["first_partial_s"]),
-            fmt(r["encoder_ms"], 0), fmt(r["step_ms"], 0), fmt(r["tokens_per_step"], 1), r.get("rewrites", "-"),
-            r["dropped_blocks"],
-            fmt(r["loadavg_1m"], 1), fmt(_percent(r["errors_offline"], r["reference_words"]), 1),
+            fmt(partial["p90"]), fmt(commit["p50"]), fmt(commit["p90"]), fmt(r.get("final_s")), fmt(r["rtf_mean"]),
+            fmt(r["first_partial_s"]), fmt(r["encoder_ms"], 0), fmt(r["step_ms"], 0), fmt(r["tokens_per_step"], 1),
+            r.get("rewrites", "-"), r["dropped_blocks"], fmt(r["loadavg_1m"], 1),
+            fmt(_percent(r["errors_offline"], r["reference_words"]), 1),
             fmt(_percent(r["errors_stream"], r["reference_words"]), 1))
 
 
 def _summary_row(config: dict) -> tuple:
-    s = config["summary"]
-    # Runs before hold_steps existed showed every hypothesis as it came (0) and counted no rewrites.
-    policy = config["options"].get("policy", "local-agreement")
+    s, o = config["summary"], config["options"]
+    # Runs before hold_steps existed showed every hypothesis as it came (0) and counted no rewrites; runs
+    # before pause_step existed decoded only every step_s, ended each clip with the stream (no final).
+    final = s.get("final", {"p50": None, "p90": None})
+    policy = o.get("policy", "local-agreement")
     if policy == "alignatt":
-        policy += f" (f {config['options']['alignatt_frames']})"
-    return (config["name"], policy, config["options"]["audio_ctx"], config["options"]["step_s"],
-            config["options"].get("hold_steps", 0), fmt(s["partial"]["p50"]), fmt(s["partial"]["p90"]),
-            fmt(s["commit"]["p50"]), fmt(s["commit"]["p90"]), fmt(s.get("rewrites_per_min"), 1),
+        policy += f" (f {o['alignatt_frames']})"
+    return (config["name"], policy, o["audio_ctx"], o["step_s"], o.get("hold_steps", 0),
+            o.get("min_silence_commit_s", 2.0), int(o.get("pause_step", False)), fmt(s["partial"]["p50"]),
+            fmt(s["partial"]["p90"]),
+            fmt(s["commit"]["p50"]), fmt(s["commit"]["p90"]), fmt(final["p50"]), fmt(final["p90"]),
+            fmt(s.get("rewrites_per_min"), 1),
             fmt(s["first_partial_median_s"]), fmt(s["rtf_mean"]), fmt(s["encoder_ms"], 0), fmt(s["step_ms"], 0),
             fmt(s["tokens_per_step"], 1), fmt(s["decode_ms_per_token"], 1), s["dropped_blocks"],
             fmt(s["loadavg_1m"], 1), fmt(s["wer_offline"] * 100, 1), fmt(s["wer_stream"] * 100, 1))
@@ -333,6 +426,8 @@ def _summary_row(config: dict) -> tuple:
 def markdown(report: dict) -> str:
     parts = [f"# Live captioning latency ({report['model']}, {report['device']}, {report['threads'] or 'auto'} "
              f"threads, speed {report['speed']})", "",
+             f"Source: {report.get('source', 'replay')}; {report.get('tail_s', 0):g} s of silence after each clip "
+             "(final: the last word's spoken end to the last commit).", "",
              f"Word end times: {TIMING_SOURCE}. Latencies are over every matched word of every clip; encoder, "
              "step and token figures are means over decode steps (clip means, weighted by audio); load 1m is the "
              "mean 1-minute load average at the start of the runs. Configurations ran interleaved, clip by clip.",
@@ -343,7 +438,8 @@ def markdown(report: dict) -> str:
         parts += ["", f"## {config['name']}", "", md_table(_CLIP_HEADER, rows)]
     for earlier in report.get("earlier_runs", []):
         parts += ["", f"## Earlier run ({earlier['threads'] or 'auto'} threads, speed {earlier['speed']}, "
-                  f"{len(earlier['configs'][0]['clips'])} clips)", "",
+                  f"{len(earlier['configs'][0]['clips'])} clips, {earlier.get('source', 'replay')}, "
+                  f"{earlier.get('tail_s', 0):g} s of silence after each)", "",
                   md_table(_SUMMARY_HEADER, [_summary_row(c) for c in earlier["configs"]]), "",
                   f"Machine: {earlier['machine']}"]
     if report.get("encoder"):
@@ -378,6 +474,7 @@ def summarize(results: list[ClipResult]) -> dict:
     return {
         "audio_s": sum(r.duration_s for r in results), "words": sum(r.words for r in results),
         "matched": sum(r.matched for r in results), "partial": percentiles(partial), "commit": percentiles(commit),
+        "final": percentiles([r.final_s for r in results if r.final_s is not None]),
         "rtf_mean": _weighted(results, "rtf_mean"),
         "first_partial_median_s": float(np.median([r.first_partial_s for r in results if r.first_partial_s])),
         "encoder_ms": _weighted(results, "encoder_ms"), "step_ms": _weighted(results, "step_ms"),
@@ -396,32 +493,39 @@ def _percent(errors: int, words: int) -> float | None:
     return 100 * errors / words if words else None
 
 
-def configs_of(policies: str, frames: str, audio_ctx: str, steps: str, holds: str) -> list[Config]:
-    """Every (policy, AlignAtt frames, audio context, step, hold) combination, named like
-    "alignatt-f25/auto/0.5/hold1" (frames only vary AlignAtt)."""
+def configs_of(policies: str, frames: str, audio_ctx: str, steps: str, holds: str, commit_after: str,
+               pause_steps: str) -> list[Config]:
+    """Every (policy, AlignAtt frames, audio context, step, hold, pause commit, pause step) combination, named
+    like "alignatt-f25/auto/0.5/hold1/c0.5/pause1" (frames only vary AlignAtt)."""
     configs = []
-    for policy, ctx, step, hold in itertools.product(policies.split(","), audio_ctx.split(","), steps.split(","),
-                                                     holds.split(",")):
+    for policy, ctx, step, hold, after, pause in itertools.product(
+            policies.split(","), audio_ctx.split(","), steps.split(","), holds.split(","), commit_after.split(","),
+            pause_steps.split(",")):
         for f in frames.split(",") if policy == "alignatt" else [frames.split(",")[0]]:
             name = f"{policy}-f{int(f)}" if policy == "alignatt" else policy
-            configs.append(Config(f"{name}/{ctx}/{float(step)!r}/hold{int(hold)}",
+            configs.append(Config(f"{name}/{ctx}/{float(step)!r}/hold{int(hold)}/c{float(after)!r}/pause{int(pause)}",
                                   StreamOptions(policy=policy, alignatt_frames=int(f), audio_ctx=ctx,
-                                                step_s=float(step), hold_steps=int(hold))))
+                                                step_s=float(step), hold_steps=int(hold),
+                                                min_silence_commit_s=float(after), pause_step=bool(int(pause)))))
     return configs
 
 
-def run_interleaved(model: WhisperModel, clips, configs: list[Config], speed: float) -> dict[str, list[ClipResult]]:
+def run_interleaved(model: WhisperModel, clips, configs: list[Config], streamer,
+                    tail_s: float) -> dict[str, list[ClipResult]]:
     """Each clip under every configuration, the starting configuration rotating from clip to clip."""
     results: dict[str, list[ClipResult]] = {c.name: [] for c in configs}
     for k, clip in enumerate(clips):
         offline = offline_words(model, audio_path(clip))
-        for config in configs[k % len(configs):] + configs[:k % len(configs)]:
-            r = measure_clip(model, clip, offline, speed, config.options)
-            results[config.name].append(r)
-            logger.info("%s %s: partial p50 %s s, commit p50 %s s, RTF %.2f, encoder %.0f ms, errors offline %d "
-                        "stream %d of %d words, load %.1f", config.name, clip.name,
-                        fmt(percentiles(r.partial_s)["p50"]), fmt(percentiles(r.commit_s)["p50"]), r.rtf_mean,
-                        r.encoder_ms, r.errors_offline, r.errors_stream, r.reference_words, r.loadavg_1m)
+        with tempfile.TemporaryDirectory() as folder:
+            replay = with_tail(clip, tail_s, Path(folder))
+            for config in configs[k % len(configs):] + configs[:k % len(configs)]:
+                results[config.name].append(measure_clip(model, clip, replay, offline, streamer, config.options))
+                r = results[config.name][-1]
+                logger.info("%s %s: partial p50 %s s, commit p50 %s s, final %s s, RTF %.2f, encoder %.0f ms, "
+                            "errors offline %d stream %d of %d words, load %.1f", config.name, clip.name,
+                            fmt(percentiles(r.partial_s)["p50"]), fmt(percentiles(r.commit_s)["p50"]),
+                            fmt(r.final_s), r.rtf_mean, r.encoder_ms, r.errors_offline, r.errors_stream,
+                            r.reference_words, r.loadavg_1m)
     return results
 
 
@@ -435,6 +539,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="StreamOptions.alignatt_frames (encoder positions of 20 ms), comma-separated")
     p.add_argument("--hold", default=str(StreamOptions.hold_steps),
                    help="StreamOptions.hold_steps, comma-separated values to compare")
+    p.add_argument("--commit-after", default=str(StreamOptions.min_silence_commit_s),
+                   help="StreamOptions.min_silence_commit_s (pause that commits the tail), comma-separated")
+    p.add_argument("--pause-step", default=str(int(StreamOptions.pause_step)),
+                   help="StreamOptions.pause_step (1: decode when the speech gate closes), comma-separated 1,0")
+    p.add_argument("--tail-s", type=float, default=3.0, help="silence replayed after each clip")
+    p.add_argument("--source", choices=("replay", "system"), default="replay",
+                   help="replay: ReplaySource at --speed; system: played into a private PulseAudio null sink and "
+                        "captured from its monitor, at real-time pace")
     p.add_argument("--clips", help="comma-separated clip names (default: the 18 English dev clips)")
     p.add_argument("--model", help="model name or .gguf path (default: the bundled tiny.en)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of the model (default 0: automatic)")
@@ -447,18 +559,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.speed <= 0:
         p.error("--speed must be positive: latency needs a clock")
     try:
-        configs = configs_of(args.policy, args.frames, args.audio_ctx, args.step, args.hold)
+        configs = configs_of(args.policy, args.frames, args.audio_ctx, args.step, args.hold, args.commit_after,
+                             args.pause_step)
     except ValueError as exc:
         p.error(str(exc))
     clips = english_dev_clips()
     if args.clips:
+        unknown = set(args.clips.split(",")) - {c.name for c in clips}
+        if unknown:
+            p.error(f"not an English dev clip: {', '.join(sorted(unknown))}")
         clips = [c for c in clips if c.name in args.clips.split(",")]
     model = WhisperModel(resolve_model(args.model), n_threads=args.threads)
     machine = machine_info()
     encoder = encoder_costs(model)
-    results = run_interleaved(model, clips, configs, args.speed)
+    with _streamer(args.source, args.speed, p) as streamer:
+        results = run_interleaved(model, clips, configs, streamer, args.tail_s)
     report = {"model": model.name, "device": model.device, "backend": model.backend, "threads": args.threads,
-              "speed": args.speed, "timing_source": TIMING_SOURCE, "machine": machine, "encoder": encoder,
+              "speed": streamer.speed, "source": streamer.label, "tail_s": args.tail_s, "timing_source": TIMING_SOURCE,
+              "machine": machine, "encoder": encoder,
               "configs": [{"name": c.name, "options": _options_dict(c.options), "summary": summarize(results[c.name]),
                            "clips": [asdict(r) for r in results[c.name]]} for c in configs]}
     if args.keep_previous and args.out.with_suffix(".json").exists():
@@ -472,6 +590,27 @@ def main(argv: list[str] | None = None) -> int:
         write(report, args.out)
     print(markdown(report))
     return 0
+
+
+@contextlib.contextmanager
+def _streamer(source: str, speed: float, parser: argparse.ArgumentParser):
+    """The Replay, or a SystemAudio on a private PulseAudio daemon that lives as long as the context."""
+    if source == "replay":
+        yield Replay(speed)
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from audio_harness import VirtualMic, rescan_portaudio
+
+    missing = VirtualMic.missing_tools()
+    if missing:
+        parser.error(f"--source system needs {', '.join(missing)} (apt-get install pulseaudio pulseaudio-utils)")
+    mic = VirtualMic().start()
+    try:
+        os.environ["PULSE_SERVER"] = mic.server
+        rescan_portaudio()
+        yield SystemAudio(mic)
+    finally:
+        mic.stop()
 
 
 def _options_dict(options: StreamOptions) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -32,12 +33,25 @@ SAMPLE_RATE = 16000
 
 
 def options_of(config: str):
-    """"local-agreement" or "alignatt-f<frames>" as StreamOptions."""
+    """"local-agreement" or "alignatt-f<frames>", then optionally "/s<seconds>" (step_s), "/c<seconds>"
+    (min_silence_commit_s) and "/pause0" or "/pause1" (pause_step), as StreamOptions:
+    "local-agreement/s0.5/c0.5/pause1"."""
     from aural.engine.live.streaming import StreamOptions
 
-    if config.startswith("alignatt-f"):
-        return StreamOptions(policy="alignatt", alignatt_frames=int(config.removeprefix("alignatt-f")))
-    return StreamOptions(policy=config)
+    policy, *extras = config.split("/")
+    fields = {"policy": policy}
+    if policy.startswith("alignatt-f"):
+        fields = {"policy": "alignatt", "alignatt_frames": int(policy.removeprefix("alignatt-f"))}
+    for extra in extras:
+        if extra.startswith("c"):
+            fields["min_silence_commit_s"] = float(extra[1:])
+        elif extra.startswith("s"):
+            fields["step_s"] = float(extra[1:])
+        elif extra in ("pause0", "pause1"):
+            fields["pause_step"] = extra == "pause1"
+        else:
+            raise ValueError(f"unknown configuration part {extra!r} in {config!r}")
+    return StreamOptions(**fields)
 
 
 def stream_sets(config: str, sets: dict) -> dict:
@@ -76,14 +90,15 @@ def markdown(report: dict) -> str:
         f"{report['started']} · CPU: {report['machine']['cpu']}, 1 thread per configuration · commit "
         f"{report['commit']} · command: `{report['command']}`", "",
         "Sets as in accuracy.md (dev, long, phone 8 kHz, noisy 10 dB). Each file streamed at speed 0 through "
-        "live_events with the default StreamOptions but the policy; cells: corpus WER % of the commits "
+        "live_events with the default StreamOptions but what the config names; cells: corpus WER % of the commits "
         "(word errors).", "", md_table(header, rows), ""])
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="local-agreement,alignatt-f25",
-                   help="comma-separated: local-agreement, alignatt-f<frames>")
+                   help="comma-separated: local-agreement or alignatt-f<frames>, each with optional /s<s> /c<s> "
+                        "/pause0|1")
     p.add_argument("--name", default="stream-accuracy", help="results file stem")
     args = p.parse_args(argv)
     import datetime as dt
@@ -93,7 +108,7 @@ def main(argv: list[str]) -> int:
     configs = args.configs.split(",")
     for config in configs:
         options_of(config)  # a bad name fails here, before any work
-    with ProcessPoolExecutor(max_workers=len(configs)) as pool:
+    with ProcessPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 1)) as pool:
         results = dict(zip(configs, pool.map(stream_sets, configs, [sets] * len(configs))))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {"started": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine_info(), "commit": commit,
