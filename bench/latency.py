@@ -519,8 +519,8 @@ def run_interleaved(model: WhisperModel, clips, configs: list[Config], streamer,
         with tempfile.TemporaryDirectory() as folder:
             replay = with_tail(clip, tail_s, Path(folder))
             for config in configs[k % len(configs):] + configs[:k % len(configs)]:
-                results[config.name].append(measure_clip(model, clip, replay, offline, streamer, config.options))
-                r = results[config.name][-1]
+                r = measure_clip(model, clip, replay, offline, streamer, config.options)
+                results[config.name].append(r)
                 logger.info("%s %s: partial p50 %s s, commit p50 %s s, final %s s, RTF %.2f, encoder %.0f ms, "
                             "errors offline %d stream %d of %d words, load %.1f", config.name, clip.name,
                             fmt(percentiles(r.partial_s)["p50"]), fmt(percentiles(r.commit_s)["p50"]),
@@ -599,18 +599,13 @@ def _streamer(source: str, speed: float, parser: argparse.ArgumentParser):
         yield Replay(speed)
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from audio_harness import VirtualMic, rescan_portaudio
+    from audio_harness import VirtualMic, default_input_mic
 
     missing = VirtualMic.missing_tools()
     if missing:
         parser.error(f"--source system needs {', '.join(missing)} (apt-get install pulseaudio pulseaudio-utils)")
-    mic = VirtualMic().start()
-    try:
-        os.environ["PULSE_SERVER"] = mic.server
-        rescan_portaudio()
+    with default_input_mic() as mic:
         yield SystemAudio(mic)
-    finally:
-        mic.stop()
 
 
 def _options_dict(options: StreamOptions) -> dict:

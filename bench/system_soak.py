@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import tempfile
 import threading
@@ -34,7 +33,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from audio_harness import VirtualMic, rescan_portaudio  # noqa: E402
+from audio_harness import VirtualMic, default_input_mic  # noqa: E402
 from common import RESULTS, english_dev_clips, fmt, machine_info, md_table, word_errors  # noqa: E402
 from latency import long_audio, rss_mb  # noqa: E402
 
@@ -125,13 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     with tempfile.TemporaryDirectory() as folder:
         wav, reference = long_audio(english_dev_clips(), args.minutes, Path(folder))
-        mic = VirtualMic().start()
-        try:
-            os.environ["PULSE_SERVER"] = mic.server
-            rescan_portaudio()
+        with default_input_mic() as mic:
             run = caption(model, mic, wav, args.rss_every)
-        finally:
-            mic.stop()
     report = {"model": model.name, "threads": args.threads, "machine": machine_info(), "started": started,
               "summary": summarize(run, reference, args.minutes)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ Sources and sinks that come and go are modules loaded into the daemon (`pulse_mo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -20,11 +21,12 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-__all__ = ["VirtualMic", "private_mic", "pulse_modules", "rescan_portaudio", "virtual_mic"]
+__all__ = ["VirtualMic", "default_input_mic", "private_mic", "pulse_modules", "rescan_portaudio", "virtual_mic"]
 
 _TOOLS = ("pulseaudio", "pactl", "pacat", "paplay")
 
@@ -184,23 +186,33 @@ class VirtualMic:
         return log.read_text()[-2000:] if log and log.exists() else ""
 
 
+@contextlib.contextmanager
+def default_input_mic() -> Iterator[VirtualMic]:
+    """A running VirtualMic, made this process's default input (PULSE_SERVER, PortAudio rescanned) while the
+    block runs; the tests' session and the benches that capture through a sound server use it."""
+    mic = VirtualMic().start()
+    saved = os.environ.get("PULSE_SERVER")
+    os.environ["PULSE_SERVER"] = mic.server
+    try:
+        rescan_portaudio()
+        yield mic
+    finally:
+        mic.stop()
+        # Nothing captures any more, so PortAudio is not re-initialised.
+        if saved is None:
+            os.environ.pop("PULSE_SERVER", None)
+        else:
+            os.environ["PULSE_SERVER"] = saved
+
+
 @pytest.fixture(scope="session")
 def virtual_mic():
     """A running VirtualMic, made this process's default input (PULSE_SERVER) for the session."""
     missing = VirtualMic.missing_tools()
     if missing:
         pytest.skip(f"virtual microphone needs {', '.join(missing)} (apt-get install pulseaudio pulseaudio-utils)")
-    mic = VirtualMic().start()
-    saved = os.environ.get("PULSE_SERVER")
-    os.environ["PULSE_SERVER"] = mic.server
-    rescan_portaudio()
-    yield mic
-    mic.stop()
-    # The session is over: nothing captures any more, so PortAudio is not re-initialised.
-    if saved is None:
-        os.environ.pop("PULSE_SERVER", None)
-    else:
-        os.environ["PULSE_SERVER"] = saved
+    with default_input_mic() as mic:
+        yield mic
 
 
 @pytest.fixture
