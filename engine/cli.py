@@ -650,6 +650,64 @@ def _run_live(args: argparse.Namespace) -> int:
     return EXIT_ERROR if failed else 0
 
 
+# ------------------------------------------------------------------------------------------------ serve
+
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _add_serve(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="serve OpenAI's audio API and live captions over HTTP",
+                              parents=[_cpu_variant_parent()],
+                              description="An OpenAI-compatible local server: POST /v1/audio/transcriptions and "
+                                          "/v1/audio/translations, GET /v1/models, the WebSocket /v1/audio/live, "
+                                          "GET /metrics (Prometheus) and /health. Docs at /docs.")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 opens it to the network)")
+    p.add_argument("--port", type=int, default=8765, help="port (default: 8765)")
+    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 (default: "
+                   "$AURAL_API_KEY, else no key)")
+    p.add_argument("--max-streams", type=int, default=2, metavar="N",
+                   help="transcriptions and live streams that run at once (default: 2)")
+    p.add_argument("--max-queue", type=int, default=16, metavar="N",
+                   help="requests that wait for a stream; more get 429 (default: 16)")
+    p.add_argument("--max-upload-mb", type=int, default=1024, metavar="MB",
+                   help="largest upload, MiB (default: 1024)")
+    p.add_argument("--max-audio-s", type=float, default=4 * 3600.0, metavar="S",
+                   help="longest audio a request may hold, seconds (default: 14400)")
+    p.add_argument("--beam-size", type=int, default=5, metavar="N", help="beams for files, 1 = greedy (default: 5)")
+    p.add_argument("-m", "--model", help="the default model (what 'whisper-1' means): name, .gguf, whisper.cpp .bin "
+                   "or model directory (default: the bundled model)")
+    p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
+    p.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: 0 = automatic)")
+    p.set_defaults(run=_run_serve, parser=p)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        return _usage_error(args.parser, "serve needs FastAPI and uvicorn: pip install 'aural[serve]'")
+    if args.max_streams < 1 or args.max_queue < 0 or args.max_upload_mb < 1 or args.max_audio_s <= 0:
+        return _usage_error(args.parser, "need --max-streams >= 1, --max-queue >= 0, --max-upload-mb >= 1 and "
+                                         "--max-audio-s > 0")
+    import uvicorn
+
+    from .runtime import resolve_device
+    from .serve import ServeConfig, create_app
+
+    api_key = args.api_key or os.environ.get("AURAL_API_KEY") or None
+    if args.host not in _LOOPBACK and not api_key:
+        logger.warning("listening on %s without an API key: anyone who reaches this port can use it", args.host)
+    config = ServeConfig(model=args.model, device=resolve_device(args.backend) if args.backend else "auto",
+                         n_threads=args.threads, api_key=api_key, max_streams=args.max_streams,
+                         max_queue=args.max_queue, max_upload_mib=args.max_upload_mb, max_audio_s=args.max_audio_s,
+                         beam_size=args.beam_size)
+    app = create_app(config)
+    # The default model loads before the port opens: a model that cannot load is one error line, not a
+    # server that fails every request.
+    app.state.aural.registry.get(None)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------- doctor
 
 
@@ -671,7 +729,7 @@ def _run_doctor(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------------- main
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_transcribe, _add_models, _add_live, _add_doctor]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_transcribe, _add_models, _add_live, _add_serve, _add_doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,7 +37,7 @@ from ..audio import SAMPLE_RATE, Resampler16k, stream_audio
 from ..errors import AudioError, DeviceError
 
 __all__ = ["CLOSER_THREAD", "InputDevice", "PACTL_INFO", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource", "open_input",
-           "ReplaySource", "parse_server_sources", "portaudio_input_devices", "server_sources"]
+           "PushSource", "ReplaySource", "parse_server_sources", "portaudio_input_devices", "server_sources"]
 
 logger = logging.getLogger(__name__)
 
@@ -523,3 +523,38 @@ class ReplaySource(_RingSource):
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+
+class PushSource(_RingSource):
+    """Audio a program hands over, e.g. a WebSocket client's PCM frames, delivered like a microphone's.
+
+    `push` never drops: when the ring is full it refuses the block (False) and the caller waits for room,
+    so a sender faster than the engine is slowed down rather than losing audio. `end()` ends the input
+    once what was pushed has been read.
+    """
+
+    def __init__(self, *, buffer_s: float = 30.0):
+        super().__init__(block_s=0.1, buffer_s=buffer_s)
+        self._ring = _Ring(round(buffer_s * SAMPLE_RATE))
+        self._ended = False
+
+    def push(self, samples: np.ndarray) -> bool:
+        """Copies 16 kHz mono float32 `samples` in; False (nothing copied) while there is no room."""
+        if samples.size > self._ring.capacity:
+            raise ValueError(f"a block of {samples.size} samples is larger than the buffer ({self._ring.capacity})")
+        if not self._ring.write(samples):
+            return False
+        self._ready.set()
+        return True
+
+    def end(self) -> None:
+        """No more audio will come."""
+        self._ended = True
+        self._end_input()
+
+    def _open(self) -> None:
+        if self._ended:  # ended before the consumer started
+            self._end_input()
+
+    def _close(self) -> None:
+        pass
