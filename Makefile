@@ -55,7 +55,7 @@ $(VENV)/.deps: pyproject.toml $(CONSTRAINTS) $(GGML_STAMP)
 	@touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(NATIVE_SRC) $(PY_LIST)
-	$(PIP) install -q -c $(CONSTRAINTS) --no-build-isolation -e ".[gui,live,test,base,serve]"
+	$(PIP) install -q -c $(CONSTRAINTS) --no-build-isolation -e ".[gui,live,test,base,serve,cluster]"
 	@touch $@
 
 build/sample.wav: | build/.sysdeps

@@ -108,6 +108,12 @@ def _add_transcribe(subparsers: Any) -> None:
     raw.add_argument("--raw-rate", type=int, metavar="HZ", help="read the files as raw PCM at HZ")
     raw.add_argument("--raw-format", choices=["s16le", "s32le", "f32le", "u8"], help="sample format (default: s16le)")
     raw.add_argument("--raw-channels", type=int, default=1, metavar="N", help="interleaved channels (default: 1)")
+    cluster = p.add_argument_group("a Ray cluster")
+    cluster.add_argument("--ray", metavar="ADDRESS",
+                         help="transcribe on the workers of a Ray cluster: 'auto', 'ray://head:10001', or 'local' "
+                              "(a cluster of this machine); FILE may be a folder (its audio and video files)")
+    cluster.add_argument("--ray-workers", type=int, default=0, metavar="N",
+                         help="workers (default: the cluster's CPUs / --threads)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary on stderr")
     p.set_defaults(run=_run_transcribe, parser=p)
 
@@ -157,6 +163,8 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         options = _transcribe_options(args)
     except ValueError as exc:
         return _usage_error(args.parser, str(exc))
+    if args.ray:
+        return _transcribe_on_ray(args, options)
     from . import audio
 
     load_model = _model_loader(args)
@@ -170,6 +178,39 @@ def _run_transcribe(args: argparse.Namespace) -> int:
             logger.debug("%s failed", path, exc_info=True)
             _error(str(exc))
             failed += 1
+    return EXIT_ERROR if failed else 0
+
+
+def _transcribe_on_ray(args: argparse.Namespace, options: Any) -> int:
+    """Fans the files (and folders' files) out to a Ray cluster; each result is written as it arrives."""
+    if importlib.util.find_spec("ray") is None:
+        return _usage_error(args.parser, "--ray needs Ray: pip install 'aural[cluster]'")
+    if args.raw_rate is not None or args.ray_workers < 0:
+        return _usage_error(args.parser, "--ray takes files with a header (no --raw-rate), and --ray-workers >= 0")
+    from .audio import probe
+    from .serve.cluster import audio_files, fan_out
+
+    files, failed = [], 0
+    for path in audio_files(args.files):
+        try:  # a missing or non-audio file is reported here, before any worker starts
+            probe(path)
+            files.append(path)
+        except AudioError as exc:
+            _error(str(exc))
+            failed += 1
+    outcomes = fan_out(args.ray, files, options, model=args.model, threads=args.threads, workers=args.ray_workers)
+    for outcome in outcomes if files else ():
+        if outcome.error is not None:
+            _error(outcome.error)
+            failed += 1
+            continue
+        out_path = args.output_dir / f"{outcome.path.stem}.{args.format}" if args.output_dir else None
+        with _open_output(out_path) as fh:
+            write_result(args.format, outcome.segments, outcome.info, outcome.timings, fh,
+                         max_line_len=args.max_line_len, max_cue_s=args.max_cue_s)
+        if not args.quiet:
+            print(f"{_summary(outcome.path, outcome.info, outcome.timings.to_dict(), out_path)} [Ray node "
+                  f"{outcome.worker}]", file=sys.stderr)
     return EXIT_ERROR if failed else 0
 
 
@@ -675,6 +716,8 @@ def _add_serve(subparsers: Any) -> None:
     p.add_argument("--max-audio-s", type=float, default=4 * 3600.0, metavar="S",
                    help="longest audio a request may hold, seconds (default: 14400)")
     p.add_argument("--beam-size", type=int, default=5, metavar="N", help="beams for files, 1 = greedy (default: 5)")
+    p.add_argument("--no-batch", action="store_true",
+                   help="decode each stream alone instead of the concurrent streams' steps in one graph")
     p.add_argument("-m", "--model", help="the default model (what 'whisper-1' means): name, .gguf, whisper.cpp .bin "
                    "or model directory (default: the bundled model)")
     p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
@@ -699,7 +742,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     config = ServeConfig(model=args.model, device=resolve_device(args.backend) if args.backend else "auto",
                          n_threads=args.threads, api_key=api_key, max_streams=args.max_streams,
                          max_queue=args.max_queue, max_upload_mib=args.max_upload_mb, max_audio_s=args.max_audio_s,
-                         beam_size=args.beam_size)
+                         beam_size=args.beam_size, batch=not args.no_batch)
     app = create_app(config)
     # The default model loads before the port opens: a model that cannot load is one error line, not a
     # server that fails every request.

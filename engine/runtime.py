@@ -109,6 +109,8 @@ class WhisperModel:
             chooses: None (the default) isolates every device but the CPU, whose faults the CPU probe
             has ruled out at load (`cpu`), unless $AURAL_NO_ISOLATION is set; True also isolates the CPU
             (tests play device faults there); False isolates none.
+        batcher: when set (a `serve.batching.DecodeBatcher`), sessions opened in process from then on
+            decode their steps together with the other sessions' (`batcher.wrap`); None: each on its own.
     """
 
     def __init__(self, path: str | Path, *, device: str = "auto", n_threads: int = 0, isolate: bool | None = None):
@@ -123,6 +125,7 @@ class WhisperModel:
         self._model = self._load_weights(device, isolate)
         self.fallback: DeviceFallback | None = None
         self._moving = threading.Lock()  # sessions of several threads may lose the device at once
+        self.batcher = None
         self.hparams = dict(self._model.hparams)
         self.alignment_heads = _alignment_heads(info, self.hparams)
         self.load_s = time.perf_counter() - start
@@ -144,6 +147,8 @@ class WhisperModel:
         with self._moving:
             if self.device == device and (device != CPU_DEVICE or self.isolated):
                 self._model = self._load_weights(CPU_DEVICE, isolate=False)
+                if self.batcher is not None:  # the shared steps follow the weights
+                    self.batcher = self.batcher.for_model(self)
                 self.fallback = DeviceFallback(device, reason)
                 logger.warning("%s", self.fallback.message)
         assert self.fallback is not None, f"{device} failed under a session, but the model never ran on it"
@@ -184,7 +189,8 @@ class WhisperModel:
         try:
             if self.isolated:
                 return self._model.new_context(**params)
-            return _native().Context(self._model, **params)
+            ctx = _native().Context(self._model, **params)
+            return ctx if self.batcher is None else self.batcher.wrap(ctx)
         except _NATIVE_LOAD_ERRORS as exc:
             raise ModelError(f"Cannot create a session on {self.path.name}: {exc}") from exc
 

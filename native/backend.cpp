@@ -263,4 +263,53 @@ void set_backend_abort_flag(ggml_backend_t backend, const std::atomic<bool> * fl
     }
 }
 
+backend_set::backend_set(ggml_backend_dev_t dev, int n_threads, const std::atomic<bool> * abort_flag) {
+    auto own = [&](ggml_backend_t b) {
+        set_backend_threads(b, n_threads);
+        set_backend_abort_flag(b, abort_flag);
+        return b;
+    };
+    primary = ggml_backend_dev_init(dev, nullptr);
+    if (!primary) {
+        throw std::runtime_error(std::string("cannot initialise backend ") + ggml_backend_dev_name(dev));
+    }
+    own(primary);
+    if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+        cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+        if (!cpu) {
+            ggml_backend_free(primary);
+            throw std::runtime_error("cannot initialise the CPU backend");
+        }
+        own(cpu);
+    }
+    for (ggml_backend_dev_t a : accelerators()) {
+        if (ggml_backend_t b = ggml_backend_dev_init(a, nullptr)) {
+            accel.push_back(own(b));
+            AURAL_LOG_INFO("accelerator %s joins the scheduler", ggml_backend_dev_name(a));
+        }
+    }
+}
+
+backend_set::~backend_set() {
+    for (ggml_backend_t b : accel) ggml_backend_free(b);
+    if (cpu) ggml_backend_free(cpu);
+    if (primary) ggml_backend_free(primary);
+}
+
+ggml_backend_sched_t backend_set::make_sched(size_t max_nodes) const {
+    // With no GPU the primary device is the CPU itself.
+    std::vector<ggml_backend_t> order;
+    if (cpu) {
+        order.push_back(primary);
+    }
+    order.insert(order.end(), accel.begin(), accel.end());
+    order.push_back(cpu ? cpu : primary);
+    ggml_backend_sched_t s = ggml_backend_sched_new(order.data(), nullptr, static_cast<int>(order.size()), max_nodes,
+                                                    /*parallel=*/false, /*op_offload=*/true);
+    if (!s) {
+        throw std::runtime_error("cannot create the ggml scheduler");
+    }
+    return s;
+}
+
 }  // namespace aural

@@ -90,4 +90,23 @@ void set_backend_threads(ggml_backend_t backend, int n_threads);
 // makes ggml_backend_sched_graph_compute return GGML_STATUS_ABORTED. No-op on backends without the hook.
 void set_backend_abort_flag(ggml_backend_t backend, const std::atomic<bool> * flag);
 
+// The backends one session computes on: the model's device, accelerators (BLAS) and, unless the device is
+// the CPU itself, the CPU for the ops the device lacks; each with the session's threads and abort flag.
+// Owned by one session (a context, a stream_batch); not shared.
+class backend_set {
+  public:
+    backend_set(ggml_backend_dev_t dev, int n_threads, const std::atomic<bool> * abort_flag);
+    ~backend_set();
+    backend_set(const backend_set &) = delete;
+    backend_set & operator=(const backend_set &) = delete;
+
+    // A scheduler over them in priority order: the device, then accelerators, the CPU last; ops a backend
+    // lacks fall back to the next.
+    ggml_backend_sched_t make_sched(size_t max_nodes) const;
+
+    ggml_backend_t primary = nullptr;
+    ggml_backend_t cpu = nullptr;  // CPU fallback when the primary is not the CPU
+    std::vector<ggml_backend_t> accel;
+};
+
 }  // namespace aural

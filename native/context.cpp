@@ -38,29 +38,7 @@ kv_mode parse_kv_mode(const std::string & name) {
 
 context::context(const model & m, const context_params & p) : mdl(m), params(p) {
     reuse_enabled_ = p.graph_reuse && !env_flag("AURAL_NO_GRAPH_REUSE");
-    primary_ = ggml_backend_dev_init(m.dev, nullptr);
-    if (!primary_) {
-        throw std::runtime_error(std::string("cannot initialise backend ") + ggml_backend_dev_name(m.dev));
-    }
-    const int n_threads = p.n_threads > 0 ? p.n_threads : m.n_threads;
-    set_backend_threads(primary_, n_threads);
-    set_backend_abort_flag(primary_, &interrupted_);
-    if (!m.on_cpu()) {
-        cpu_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-        if (!cpu_) {
-            throw std::runtime_error("cannot initialise the CPU backend");
-        }
-        set_backend_threads(cpu_, n_threads);
-        set_backend_abort_flag(cpu_, &interrupted_);
-    }
-    for (ggml_backend_dev_t dev : accelerators()) {
-        if (ggml_backend_t b = ggml_backend_dev_init(dev, nullptr)) {
-            set_backend_threads(b, n_threads);
-            set_backend_abort_flag(b, &interrupted_);
-            accel_.push_back(b);
-            AURAL_LOG_INFO("accelerator %s joins the scheduler", ggml_backend_dev_name(dev));
-        }
-    }
+    backends_ = std::make_unique<backend_set>(m.dev, p.n_threads > 0 ? p.n_threads : m.n_threads, &interrupted_);
     if (p.n_seq < 1 || p.n_seq > max_seq) {
         throw std::invalid_argument("n_seq must be between 1 and " + std::to_string(max_seq) + ", not " +
                                     std::to_string(p.n_seq));
@@ -70,8 +48,8 @@ context::context(const model & m, const context_params & p) : mdl(m), params(p) 
     if (p.mode == kv_mode::host) {
         kv_->enable_host_mirror();
     }
-    sched_enc_ = make_sched();
-    sched_dec_ = make_sched();
+    sched_enc_ = backends_->make_sched(max_graph_nodes);
+    sched_dec_ = backends_->make_sched(max_graph_nodes);
     reserve_worst_case();
 }
 
@@ -81,26 +59,6 @@ context::~context() {
     if (sched_dec_) ggml_backend_sched_free(sched_dec_);
     if (sched_enc_) ggml_backend_sched_free(sched_enc_);
     kv_.reset();
-    for (ggml_backend_t b : accel_) ggml_backend_free(b);
-    if (cpu_) ggml_backend_free(cpu_);
-    if (primary_) ggml_backend_free(primary_);
-}
-
-ggml_backend_sched_t context::make_sched() {
-    // Order is priority: the GPU, then accelerators (BLAS), the CPU last; ops a backend lacks fall
-    // back to the next through the scheduler. With no GPU the primary device is the CPU itself.
-    std::vector<ggml_backend_t> backends;
-    if (cpu_) {
-        backends.push_back(primary_);
-    }
-    backends.insert(backends.end(), accel_.begin(), accel_.end());
-    backends.push_back(cpu_ ? cpu_ : primary_);
-    ggml_backend_sched_t s = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
-                                                    max_graph_nodes, /*parallel=*/false, /*op_offload=*/true);
-    if (!s) {
-        throw std::runtime_error("cannot create the ggml scheduler");
-    }
-    return s;
 }
 
 void context::reserve_worst_case() {
@@ -143,7 +101,7 @@ size_t context::compute_buffer_bytes() const {
 
 backend_report context::report(ggml_backend_sched_t sched, ggml_cgraph * gf) const {
     backend_report r;
-    r.primary = ggml_backend_name(primary_);
+    r.primary = ggml_backend_name(backends_->primary);
     r.n_splits = ggml_backend_sched_get_n_splits(sched);
     std::set<std::string> fallback;
     for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
@@ -155,7 +113,7 @@ backend_report context::report(ggml_backend_sched_t sched, ggml_cgraph * gf) con
         ggml_backend_t b = ggml_backend_sched_get_tensor_backend(sched, node);
         const std::string name = b ? ggml_backend_name(b) : "?";
         r.nodes_per_backend[name]++;
-        if (b && b == cpu_) {  // accelerators taking ops is the plan, the CPU taking them is a fallback
+        if (b && b == backends_->cpu) {  // accelerators taking ops is the plan, the CPU taking them is a fallback
             fallback.insert(ggml_op_desc(node));
         }
     }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "ggml-backend.h"
 #include "graph.h"
 #include "kv-cache.h"
@@ -117,17 +118,16 @@ class context {
     static constexpr uint32_t max_seq = 8;      // sequences per context (beams or best-of samples)
 
   private:
-    ggml_backend_t primary_ = nullptr;
-    ggml_backend_t cpu_ = nullptr;  // CPU fallback when the primary is not the CPU
-    std::vector<ggml_backend_t> accel_;  // BLAS and other accelerators, between primary and CPU
+    friend class stream_batch;  // decodes this context's steps in graphs shared with other contexts
+
+    std::atomic<bool> interrupted_{false};  // polled by the backends between graph nodes
+    std::unique_ptr<backend_set> backends_;
     ggml_backend_sched_t sched_enc_ = nullptr, sched_dec_ = nullptr;
     std::unique_ptr<kv_cache> kv_;
     std::unique_ptr<graph_result> enc_graph_, dec_graph_;
     bool reuse_enabled_ = true;
     uint32_t ubatch_ = 0;
-    std::atomic<bool> interrupted_{false};  // polled by the backends between graph nodes
 
-    ggml_backend_sched_t make_sched();
     void use_encoder(uint32_t n_ctx);  // (re)builds the encoder graph for n_ctx positions
     void reserve_worst_case();
     backend_report report(ggml_backend_sched_t sched, ggml_cgraph * gf) const;

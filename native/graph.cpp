@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 #include "activation.h"
@@ -28,41 +29,60 @@ class tokens_input : public graph_input {
     ggml_tensor * t_;
 };
 
-// Positions (i32, for the positional embedding) and arena cells (i64, for ggml_set_rows).
+// The part `j` of a step's params (the whole step when it has no parts).
+decode_part part_of(const decode_params & p, size_t j) {
+    return p.parts.empty() ? decode_part{nullptr, 0, p.n_tokens, p.n_cross} : p.parts[j];
+}
+
+// Positions (i32, for the positional embedding) of every token of the step.
 class positions_input : public graph_input {
   public:
-    positions_input(ggml_tensor * pos, ggml_tensor * cells) : pos_(pos), cells_(cells) {}
+    explicit positions_input(ggml_tensor * pos) : pos_(pos) {}
     void set_input(const decode_batch & b) override {
         ggml_backend_tensor_set(pos_, b.pos.data(), 0, ggml_nbytes(pos_));
-        ggml_backend_tensor_set(cells_, b.cells.data(), 0, ggml_nbytes(cells_));
     }
     bool can_reuse(const decode_params & p) const override { return pos_->ne[0] == p.n_tokens; }
 
   private:
     ggml_tensor * pos_;
-    ggml_tensor * cells_;
 };
 
-// Mask over the whole arena: f16 [n_kv, n_tokens]; token i sees the cells of its own sequence at
+// Arena cells (i64, for ggml_set_rows) of part j's tokens.
+class cells_input : public graph_input {
+  public:
+    cells_input(ggml_tensor * cells, size_t j) : cells_(cells), j_(j) {}
+    void set_input(const decode_batch & b) override {
+        ggml_backend_tensor_set(cells_, b.part(j_).cells.data(), 0, ggml_nbytes(cells_));
+    }
+    bool can_reuse(const decode_params & p) const override { return cells_->ne[0] == part_of(p, j_).n_tokens; }
+
+  private:
+    ggml_tensor * cells_;
+    size_t j_;
+};
+
+// Mask over part j's whole arena: f16 [n_kv, n_tokens]; token i sees the cells of its own sequence at
 // positions up to its own (causal), whatever their order in the arena.
 class mask_input : public graph_input {
   public:
-    explicit mask_input(ggml_tensor * t) : t_(t) {}
+    mask_input(ggml_tensor * t, size_t j) : t_(t), j_(j) {}
     void set_input(const decode_batch & b) override {
+        const decode_batch & part = b.part(j_);
         const int64_t n_kv = t_->ne[0];
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), neg_inf = ggml_fp32_to_fp16(-INFINITY);
         std::vector<ggml_fp16_t> mask(n_kv * t_->ne[1], neg_inf);
-        for (uint32_t i = 0; i < b.n_tokens; ++i) {
+        for (uint32_t i = 0; i < part.n_tokens; ++i) {
             for (int64_t c = 0; c < n_kv; ++c) {
-                if (b.kv->visible(static_cast<uint32_t>(c), b.seq[i], b.pos[i])) mask[i * n_kv + c] = zero;
+                if (part.kv->visible(static_cast<uint32_t>(c), part.seq[i], part.pos[i])) mask[i * n_kv + c] = zero;
             }
         }
         ggml_backend_tensor_set(t_, mask.data(), 0, ggml_nbytes(t_));
     }
-    bool can_reuse(const decode_params & p) const override { return t_->ne[1] == p.n_tokens; }
+    bool can_reuse(const decode_params & p) const override { return t_->ne[1] == part_of(p, j_).n_tokens; }
 
   private:
     ggml_tensor * t_;
+    size_t j_;
 };
 
 // Which batch rows reach the vocabulary projection (usually the last; the SOT row for no-speech).
@@ -312,8 +332,29 @@ ggml_tensor * select_heads(ggml_context * ctx, ggml_tensor * kq, const std::vect
 // against 70 ms (tiny.en, Zen 2), while a greedy step went from 3.35 to 2.90 ms with it.
 constexpr int64_t self_attention_max_rows = 8;
 
-std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p,
-                                            const std::vector<align_head> & heads) {
+namespace {
+
+// Columns [begin, begin + n) of x [n_state, n_tokens]: a contiguous view (x itself when that is all of it).
+ggml_tensor * columns(ggml_context * ctx, ggml_tensor * x, int64_t begin, int64_t n) {
+    return begin == 0 && n == x->ne[1] ? x : ggml_view_2d(ctx, x, x->ne[0], n, x->nb[1], begin * x->nb[1]);
+}
+
+// The parts' results [n_state, n_j] side by side in batch order.
+ggml_tensor * join(ggml_context * ctx, const std::vector<ggml_tensor *> & outs) {
+    ggml_tensor * cur = outs[0];
+    for (size_t j = 1; j < outs.size(); ++j) cur = ggml_concat(ctx, cur, outs[j], 1);
+    return cur;
+}
+
+struct part_inputs {
+    const kv_cache * kv;
+    int64_t begin, n_tokens;
+    uint32_t n_cross;
+    ggml_tensor * cells, * mask;
+};
+
+std::unique_ptr<graph_result> decoder_graph(const model & m, const std::vector<decode_part> & parts,
+                                            const decode_params & p, const std::vector<align_head> & heads) {
     const hparams & hp = m.hp;
     auto res = std::make_unique<graph_result>(max_graph_nodes);
     res->params = p;
@@ -327,13 +368,21 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
     };
     ggml_tensor * tokens = input(GGML_TYPE_I32, p.n_tokens, 0, "tokens");
     ggml_tensor * pos = input(GGML_TYPE_I32, p.n_tokens, 0, "positions");
-    ggml_tensor * rows = input(GGML_TYPE_I64, p.n_tokens, 0, "kv_cells");
-    ggml_tensor * mask = input(GGML_TYPE_F16, kv.n_ctx(), p.n_tokens, "kq_mask");
     ggml_tensor * out_ids = input(GGML_TYPE_I32, p.n_outputs, 0, "out_ids");
     res->inputs.push_back(std::make_unique<tokens_input>(tokens));
-    res->inputs.push_back(std::make_unique<positions_input>(pos, rows));
-    res->inputs.push_back(std::make_unique<mask_input>(mask));
+    res->inputs.push_back(std::make_unique<positions_input>(pos));
     res->inputs.push_back(std::make_unique<outputs_input>(out_ids));
+    std::vector<part_inputs> in;
+    int64_t begin = 0;
+    for (size_t j = 0; j < parts.size(); ++j) {
+        const decode_part & part = parts[j];
+        ggml_tensor * cells = input(GGML_TYPE_I64, part.n_tokens, 0, "kv_cells");
+        ggml_tensor * mask = input(GGML_TYPE_F16, part.kv->n_ctx(), part.n_tokens, "kq_mask");
+        res->inputs.push_back(std::make_unique<cells_input>(cells, j));
+        res->inputs.push_back(std::make_unique<mask_input>(mask, j));
+        in.push_back({part.kv, begin, part.n_tokens, part.n_cross, cells, mask});
+        begin += part.n_tokens;
+    }
 
     // [n_state, n_tokens]
     ggml_tensor * x = ggml_add(ctx, ggml_get_rows(ctx, m.tok_emb, tokens), ggml_get_rows(ctx, m.dec_pos, pos));
@@ -342,13 +391,18 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
         const decoder_layer & l = m.dec[il];
         ggml_tensor * cur = layer_norm(ctx, x, l.attn_ln);
         ggml_tensor * q = linear(ctx, m, cur, l.attn.q_w, l.attn.q_b);
-        // Write this step's K/V rows in place before the attention reads the arena (graph order).
-        ggml_build_forward_expand(res->gf, kv.cpy_k(ctx, linear(ctx, m, cur, l.attn.k_w, nullptr), rows, il));
-        ggml_build_forward_expand(res->gf, kv.cpy_v(ctx, linear(ctx, m, cur, l.attn.v_w, l.attn.v_b), rows, il));
-        ggml_tensor * k = kv.get_k(ctx, il), * v = kv.get_v(ctx, il);
-        const bool own_op = m.simd_self && k->type == GGML_TYPE_F16 && p.n_tokens <= self_attention_max_rows;
-        cur = own_op ? decoder_self_attention(ctx, q, k, v, mask, n_head) : attention(ctx, q, k, v, mask, n_head);
-        x = ggml_add(ctx, x, linear(ctx, m, cur, l.attn.o_w, l.attn.o_b));
+        ggml_tensor * k_cur = linear(ctx, m, cur, l.attn.k_w, nullptr), * v_cur = linear(ctx, m, cur, l.attn.v_w, l.attn.v_b);
+        std::vector<ggml_tensor *> outs;
+        for (const part_inputs & pi : in) {
+            // Write this step's K/V rows in place before the attention reads the arena (graph order).
+            ggml_build_forward_expand(res->gf, pi.kv->cpy_k(ctx, columns(ctx, k_cur, pi.begin, pi.n_tokens), pi.cells, il));
+            ggml_build_forward_expand(res->gf, pi.kv->cpy_v(ctx, columns(ctx, v_cur, pi.begin, pi.n_tokens), pi.cells, il));
+            ggml_tensor * k = pi.kv->get_k(ctx, il), * v = pi.kv->get_v(ctx, il), * qj = columns(ctx, q, pi.begin, pi.n_tokens);
+            const bool own_op = m.simd_self && k->type == GGML_TYPE_F16 && pi.n_tokens <= self_attention_max_rows;
+            outs.push_back(own_op ? decoder_self_attention(ctx, qj, k, v, pi.mask, n_head)
+                                  : attention(ctx, qj, k, v, pi.mask, n_head));
+        }
+        x = ggml_add(ctx, x, linear(ctx, m, join(ctx, outs), l.attn.o_w, l.attn.o_b));
 
         cur = layer_norm(ctx, x, l.cross_ln);
         q = linear(ctx, m, cur, l.cross.q_w, l.cross.q_b);
@@ -356,18 +410,22 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
         for (const align_head & h : heads) {
             if (h.layer == static_cast<int>(il)) layer_heads.push_back(h.head);
         }
-        ggml_tensor * ck = kv.get_cross_k(ctx, il, p.n_cross), * cv = kv.get_cross_v(ctx, il, p.n_cross);
-        if (m.simd_cross && layer_heads.empty() && ck->type == GGML_TYPE_F16) {
-            cur = decoder_cross_attention(ctx, q, ck, cv, n_head);
-        } else {
+        outs.clear();
+        for (const part_inputs & pi : in) {
+            ggml_tensor * ck = pi.kv->get_cross_k(ctx, il, pi.n_cross), * cv = pi.kv->get_cross_v(ctx, il, pi.n_cross);
+            ggml_tensor * qj = columns(ctx, q, pi.begin, pi.n_tokens);
+            if (m.simd_cross && layer_heads.empty() && ck->type == GGML_TYPE_F16) {
+                outs.push_back(decoder_cross_attention(ctx, qj, ck, cv, n_head));
+                continue;
+            }
             ggml_tensor * kq = nullptr;
-            cur = cross_attention(ctx, q, ck, cv, n_head, &kq);
-            if (!layer_heads.empty()) {
+            outs.push_back(cross_attention(ctx, qj, ck, cv, n_head, &kq));
+            if (!layer_heads.empty()) {  // one part: alignment is one context's
                 ggml_tensor * w = select_heads(ctx, kq, layer_heads);
                 res->cross_qk = res->cross_qk ? ggml_concat(ctx, res->cross_qk, w, 2) : w;
             }
         }
-        x = ggml_add(ctx, x, linear(ctx, m, cur, l.cross.o_w, l.cross.o_b));
+        x = ggml_add(ctx, x, linear(ctx, m, join(ctx, outs), l.cross.o_w, l.cross.o_b));
 
         x = ggml_add(ctx, x, mlp(ctx, m, layer_norm(ctx, x, l.mlp_ln), l.mlp));
     }
@@ -378,6 +436,20 @@ std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv
         graph_output(res->gf, res->cross_qk, "cross_qk");
     }
     return res;
+}
+
+}  // namespace
+
+std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p,
+                                            const std::vector<align_head> & heads) {
+    return decoder_graph(m, {{&kv, kv.id(), p.n_tokens, p.n_cross}}, p, heads);
+}
+
+std::unique_ptr<graph_result> build_decoder(const model & m, const decode_params & p) {
+    if (p.parts.empty()) {
+        throw std::invalid_argument("a decoder graph of several contexts needs their parts");
+    }
+    return decoder_graph(m, p.parts, p, {});
 }
 
 }  // namespace aural

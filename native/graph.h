@@ -30,6 +30,23 @@ struct decode_batch {
     // Filled by the context before the graph's inputs are set:
     std::vector<int64_t> cells;        // [n_tokens] arena cell each token's K/V goes to
     const kv_cells * kv = nullptr;     // the arena's bookkeeping after this step, for the mask
+    // A step of several contexts (stream_batch): each one's own batch, its tokens a run of this one's in
+    // order; cells and kv are then theirs. Empty for one context's step.
+    std::vector<const decode_batch *> parts;
+
+    const decode_batch & part(size_t j) const { return parts.empty() ? *this : *parts[j]; }
+};
+
+// One context's share of a decoder graph: its arena, its tokens (a run of the batch) and its window's
+// encoder positions (cross-attention length).
+struct decode_part {
+    const kv_cache * kv = nullptr;
+    uint64_t kv_id = 0;  // kv->id(): a graph built on a freed arena must not match a new one at its address
+    uint32_t n_tokens = 0;
+    uint32_t n_cross = 0;
+    bool operator==(const decode_part & o) const {
+        return kv_id == o.kv_id && n_tokens == o.n_tokens && n_cross == o.n_cross;
+    }
 };
 
 // Everything the decoder graph's topology depends on. Equal params => the same graph shape.
@@ -37,8 +54,9 @@ struct decode_params {
     uint32_t n_tokens = 0;
     uint32_t n_outputs = 0;
     uint32_t n_cross = 0;  // encoder positions of the current window (cross-attention length)
+    std::vector<decode_part> parts;  // several contexts in one graph (stream_batch); empty: one context
     bool operator==(const decode_params & o) const {
-        return n_tokens == o.n_tokens && n_outputs == o.n_outputs && n_cross == o.n_cross;
+        return n_tokens == o.n_tokens && n_outputs == o.n_outputs && n_cross == o.n_cross && parts == o.parts;
     }
 };
 
@@ -93,5 +111,8 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
 // which the cross-attention materialises anyway (it runs as matrix products, not flash attention).
 std::unique_ptr<graph_result> build_decoder(const model & m, const kv_cache & kv, const decode_params & p,
                                             const std::vector<align_head> & heads = {});
+// The same for the steps of several contexts (p.parts, in batch order): the layers' matrix products run once
+// over every part's tokens, each part's self- and cross-attention on its own arena and window.
+std::unique_ptr<graph_result> build_decoder(const model & m, const decode_params & p);
 
 }  // namespace aural

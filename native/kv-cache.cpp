@@ -1,6 +1,7 @@
 #include "kv-cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <stdexcept>
 #include <string>
@@ -9,8 +10,12 @@
 
 namespace aural {
 
+namespace {
+std::atomic<uint64_t> next_id{1};
+}  // namespace
+
 kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, uint32_t n_seq, ggml_type type)
-    : n_ctx_(n_ctx), n_seq_(n_seq), n_state_(hp.n_text_state), n_head_(hp.n_text_head), n_audio_ctx_(hp.n_audio_ctx) {
+    : id_(next_id++), n_ctx_(n_ctx), n_seq_(n_seq), n_state_(hp.n_text_state), n_head_(hp.n_text_head), n_audio_ctx_(hp.n_audio_ctx) {
     if (n_seq < 1 || n_seq > 32) {  // a cell's sequence set is a 32-bit mask
         throw std::invalid_argument("a KV arena holds 1 to 32 sequences, not " + std::to_string(n_seq));
     }

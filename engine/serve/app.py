@@ -39,6 +39,7 @@ from ..text.chinese import default_script, localize_segments
 from ..text.tokenizer import normalize_language
 from ..transcribe import TranscribeOptions, transcribe
 from . import live
+from .batching import DecodeBatcher
 from .registry import OPENAI_MODEL, Admission, Busy, ModelRegistry, UnknownModel
 from .responses import FORMATS, GRANULARITIES, Finished, media_type, render
 from .telemetry import CONTENT_TYPE_LATEST, ServerMetrics
@@ -70,6 +71,8 @@ class ServeConfig:
         max_upload_mib: largest request body, MiB (413 beyond it). 2 hours of 16 kHz 16-bit WAV is 220 MiB.
         max_audio_s: longest audio a request may hold, seconds (413 beyond it).
         beam_size: beam width of file transcriptions (as the CLI's --beam-size; 1: greedy).
+        batch: decode the steps that concurrent streams take together in one graph (`batching`); models in
+            a device process (`isolation`) decode each stream alone.
     """
 
     model: str | None = None
@@ -81,6 +84,7 @@ class ServeConfig:
     max_upload_mib: int = 1024
     max_audio_s: float = 4 * 3600.0
     beam_size: int = 5
+    batch: bool = True
 
 
 class ApiError(Exception):
@@ -110,7 +114,7 @@ def create_app(config: ServeConfig, *, load: Callable[[str | None], WhisperModel
     """The ASGI app. `load(spec)` loads a model (default: runtime.load_model on the config's device)."""
     registry = ModelRegistry(config.model, load or _loader(config))
     admission = Admission(config.max_streams, config.max_queue)
-    state = _State(config, registry, admission, ServerMetrics(admission),
+    state = _State(config, registry, admission, ServerMetrics(admission, registry),
                    ThreadPoolExecutor(max_workers=config.max_streams, thread_name_prefix="aural-serve"),
                    time.time())
 
@@ -131,7 +135,10 @@ def _loader(config: ServeConfig) -> Callable[[str | None], WhisperModel]:
         from ..models.store import resolve_model
         from ..runtime import load_model
 
-        return load_model(resolve_model(spec), device=config.device, n_threads=config.n_threads)
+        model = load_model(resolve_model(spec), device=config.device, n_threads=config.n_threads)
+        if config.batch and not model.isolated:
+            model.batcher = DecodeBatcher(model)
+        return model
 
     return load
 

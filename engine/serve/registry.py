@@ -72,6 +72,9 @@ class ModelRegistry:
         default = self.default_name
         return [default, *(name for name in self._names() if name != default)]
 
+    def loaded(self) -> list[WhisperModel]:
+        return list(self._models.values())
+
     def loaded_names(self) -> list[str]:
         return [self.default_name if key is None else key for key in self._models]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .registry import Admission
+from .registry import Admission, ModelRegistry
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
 
@@ -21,7 +21,7 @@ _SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.
 class ServerMetrics:
     """Counters the routes update, and gauges read from the admission and the live streams on each scrape."""
 
-    def __init__(self, admission: Admission):
+    def __init__(self, admission: Admission, models: ModelRegistry):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("aural_requests", "HTTP requests and WebSocket streams by route and status",
@@ -45,6 +45,13 @@ class ServerMetrics:
             lambda: sum(used for used, _ in self.live_kv.values()))
         Gauge("aural_live_kv_reserved_bytes", "KV arena bytes the live streams hold", registry=r).set_function(
             lambda: sum(size for _, size in self.live_kv.values()))
+
+        # Continuous batching (batching.DecodeBatcher): shared decoder steps, and the streams' steps they held.
+        batchers = lambda: [m.batcher for m in models.loaded() if m.batcher is not None]  # noqa: E731
+        Gauge("aural_decode_shared_steps", "Decoder graphs run for several streams' steps at once",
+              registry=r).set_function(lambda: sum(b.steps for b in batchers()))
+        Gauge("aural_decode_stream_steps", "Streams' decoder steps those graphs held (their ratio: the mean batch)",
+              registry=r).set_function(lambda: sum(b.stream_steps for b in batchers()))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,5 +1,7 @@
-// aural._native.Context: one decoding session (KV arena, graphs, timings) on a Model.
+// aural._native.Context: one decoding session (KV arena, graphs, timings) on a Model; StreamBatch: one
+// decoder step of several sessions in one graph.
 #include "context.h"
+#include "stream-batch.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -8,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "bindings.h"
 
@@ -52,9 +55,10 @@ std::vector<int32_t> positions(const std::vector<int32_t> & seq, uint32_t n_past
     return pos;
 }
 
-py::array_t<float> decode(context & self, const int_array & tokens, uint32_t n_past,
-                          const std::optional<std::vector<int32_t>> & outputs,
-                          const std::optional<std::vector<int32_t>> & seq_ids) {
+using opt_ids = std::optional<std::vector<int32_t>>;
+
+// A step's batch from the Python arguments of `decode`; `tokens` must outlive it.
+decode_batch make_batch(const int_array & tokens, uint32_t n_past, const opt_ids & outputs, const opt_ids & seq_ids) {
     if (tokens.ndim() != 1 || tokens.shape(0) == 0) {
         throw std::invalid_argument("tokens must be a non-empty 1-D int32 array");
     }
@@ -70,14 +74,47 @@ py::array_t<float> decode(context & self, const int_array & tokens, uint32_t n_p
     for (int32_t & o : batch.outputs) {
         o = o < 0 ? o + static_cast<int32_t>(batch.n_tokens) : o;  // Python-style negative indices
     }
-    py::array_t<float> logits({static_cast<py::ssize_t>(batch.outputs.size()),
-                               static_cast<py::ssize_t>(self.mdl.hp.n_vocab)});
+    return batch;
+}
+
+py::array_t<float> logits_array(const decode_batch & batch, const model & m) {
+    return py::array_t<float>({static_cast<py::ssize_t>(batch.outputs.size()), static_cast<py::ssize_t>(m.hp.n_vocab)});
+}
+
+py::array_t<float> decode(context & self, const int_array & tokens, uint32_t n_past, const opt_ids & outputs,
+                          const opt_ids & seq_ids) {
+    decode_batch batch = make_batch(tokens, n_past, outputs, seq_ids);
+    py::array_t<float> logits = logits_array(batch, self.mdl);
     float * out = logits.mutable_data();
     {
         py::gil_scoped_release release;
         self.decode(batch, out);
     }
     return logits;
+}
+
+// StreamBatch.decode: one step of each context, in one graph. steps[i] = (tokens, n_past, outputs, seq_ids).
+py::list decode_together(stream_batch & self, const std::vector<context *> & contexts,
+                         const std::vector<std::tuple<int_array, uint32_t, opt_ids, opt_ids>> & steps) {
+    std::vector<decode_batch> batches;
+    std::vector<py::array_t<float>> out;
+    for (const auto & [tokens, n_past, outputs, seq_ids] : steps) {
+        batches.push_back(make_batch(tokens, n_past, outputs, seq_ids));
+        out.push_back(logits_array(batches.back(), self.mdl));
+    }
+    std::vector<decode_batch *> ptrs;
+    std::vector<float *> dest;
+    for (size_t i = 0; i < batches.size(); ++i) {
+        ptrs.push_back(&batches[i]);
+        dest.push_back(out[i].mutable_data());
+    }
+    {
+        py::gil_scoped_release release;
+        self.decode(contexts, ptrs, dest);
+    }
+    py::list result;
+    for (auto & a : out) result.append(a);
+    return result;
 }
 
 void reorder(context & self, const std::vector<int32_t> & parents) {
@@ -206,6 +243,29 @@ void register_context(py::module_ & m) {
             std::set<std::string> ops(self.encoder_report.fallback_ops.begin(), self.encoder_report.fallback_ops.end());
             ops.insert(self.decoder_report.fallback_ops.begin(), self.decoder_report.fallback_ops.end());
             d["fallback_ops"] = std::vector<std::string>(ops.begin(), ops.end());
+            return d;
+        });
+
+    py::class_<stream_batch>(m, "StreamBatch",
+                             "Decodes one step of several Contexts of a model in one graph: the layers' matrix "
+                             "products run once over all their tokens, attention on each Context's own KV.")
+        .def(py::init([](const model & mdl, int n_threads) {
+                 py::gil_scoped_release release;
+                 return std::make_unique<stream_batch>(mdl, n_threads);
+             }),
+             py::arg("model"), py::kw_only(), py::arg("n_threads") = 0, py::keep_alive<1, 2>())
+        .def("decode", &decode_together, py::arg("contexts"), py::arg("steps"),
+             "steps[i] = (tokens, n_past, outputs, seq_ids) of contexts[i], as Context.decode takes them (at most "
+             "max_tokens_per_context tokens); returns each one's logits. Every Context's last_timings and stats "
+             "are updated as if it had decoded alone (the step's time is each one's).")
+        .def_readonly_static("max_tokens_per_context", &stream_batch::max_tokens_per_context)
+        .def_readonly_static("max_contexts", &stream_batch::max_contexts)
+        .def_property_readonly("stats", [](const stream_batch & self) {
+            py::dict d;
+            d["steps"] = self.n_steps;
+            d["graph_builds"] = self.graph_builds;
+            d["graph_reuses"] = self.graph_reuses;
+            d["compute_ms_total"] = self.compute_ms_total;
             return d;
         });
 }
