@@ -12,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -344,6 +344,25 @@ def test_a_live_stream_needs_the_key_and_valid_options(server):
             with pytest.raises(ConnectionClosedError) as closed:
                 ws.recv(timeout=30)
             assert closed.value.rcvd.code == 1008
+
+
+def test_a_live_stream_waits_in_the_queue_for_a_slot(tiny_gguf, long_wav):
+    from websockets.exceptions import ConnectionClosedError
+
+    with Server(ServeConfig(max_streams=1, max_queue=1)) as srv, ExitStack() as stack:
+        with _sent(srv, long_wav):  # a transcription holds the only slot
+            srv.wait_until(lambda: srv.health()["streams_active"] == 1)
+            waiting = stack.enter_context(connect(_ws_url(srv), open_timeout=30))
+            srv.wait_until(lambda: srv.health()["queue_length"] == 1)
+            with connect(_ws_url(srv), open_timeout=30) as refused:  # the queue is full
+                assert "busy" in json.loads(refused.recv(timeout=30))["message"]
+                with pytest.raises(ConnectionClosedError) as closed:
+                    refused.recv(timeout=30)
+                assert closed.value.rcvd.code == 1013
+            with pytest.raises(TimeoutError):
+                waiting.recv(timeout=0.5)
+        # The transcription's client left: its slot goes to the stream that waited.
+        assert json.loads(waiting.recv(timeout=WAIT_S))["type"] == "ready"
 
 
 def test_stream_options_come_from_the_query():

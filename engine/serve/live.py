@@ -2,9 +2,10 @@
 
 The client sends binary frames of 16 kHz mono 16-bit little-endian PCM, of any length, and a text frame
 `{"type": "stop"}` (or simply closes) when its audio ends. The server answers with text frames of JSON:
-first `{"type": "ready", "model": ..., "sample_rate": 16000}` once the model is loaded, then the events of
-`aural live --json` (`partial`, `commit`, `metrics`, `error`, `fallback`), and closes with 1000 after the
-last `metrics` of a stopped stream. Options ride in the query string: `model`, `language`, `policy`,
+first `{"type": "ready", "model": ..., "sample_rate": 16000}` once a stream slot is free and the model is
+loaded (a stream waits in the server's queue like an upload; with the queue full it is refused, 1013),
+then the events of `aural live --json` (`partial`, `commit`, `metrics`, `error`, `fallback`), and closes
+with 1000 after the last `metrics` of a stopped stream. Options ride in the query string: `model`, `language`, `policy`,
 `step`, `commit_after`, `pause_step` (the `aural live` flags of the same names).
 
 A client that sends faster than real time is slowed by the socket (its frames wait until the engine has
@@ -65,7 +66,7 @@ async def serve_stream(ws: WebSocket, registry: ModelRegistry, admission: Admiss
     try:
         options = stream_options(ws.query_params)
         registry.key(ws.query_params.get("model"))
-        await admission.enter(wait=False)
+        await admission.enter()  # in the queue like an upload: the client sends once it reads "ready"
     except (ValueError, UnknownModel, Busy) as exc:
         status = {ValueError: "400", UnknownModel: "404", Busy: "429"}[type(exc)]
         await refuse(ws, str(exc), _TRY_LATER if isinstance(exc, Busy) else _POLICY)
@@ -82,8 +83,8 @@ async def refuse(ws: WebSocket, message: str, code: int = _POLICY) -> None:
     """Says why in an error event, then closes with `code` (accepting the handshake first if need be)."""
     if ws.client_state == WebSocketState.CONNECTING:
         await ws.accept()
-    await ws.send_json(event_dict(Error(message)))
-    await ws.close(code=code, reason=message[:120])
+    await _send(ws, event_dict(Error(message)))
+    await _close(ws, code)
 
 
 async def _stream(ws: WebSocket, registry: ModelRegistry, options: StreamOptions, metrics: ServerMetrics,
@@ -94,7 +95,8 @@ async def _stream(ws: WebSocket, registry: ModelRegistry, options: StreamOptions
     except AuralError as exc:
         await refuse(ws, str(exc), _ERROR)
         return "500"
-    await ws.send_json({"type": "ready", "model": model.name, "sample_rate": SAMPLE_RATE})
+    if not await _send(ws, {"type": "ready", "model": model.name, "sample_rate": SAMPLE_RATE}):
+        return "499"  # the client left while it waited
     source, stop, events = PushSource(buffer_s=_BUFFER_S), threading.Event(), asyncio.Queue()
 
     def produce() -> None:
