@@ -716,12 +716,14 @@ def _add_serve(subparsers: Any) -> None:
     p.add_argument("--max-audio-s", type=float, default=4 * 3600.0, metavar="S",
                    help="longest audio a request may hold, seconds (default: 14400)")
     p.add_argument("--beam-size", type=int, default=5, metavar="N", help="beams for files, 1 = greedy (default: 5)")
-    p.add_argument("--no-batch", action="store_true",
-                   help="decode each stream alone instead of the concurrent streams' steps in one graph")
+    p.add_argument("--batch", action="store_true",
+                   help="decode the steps concurrent streams take at the same time in one graph (the same text; "
+                        "no faster on a 2-core CPU, see the README)")
     p.add_argument("-m", "--model", help="the default model (what 'whisper-1' means): name, .gguf, whisper.cpp .bin "
                    "or model directory (default: the bundled model)")
     p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
-    p.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: 0 = automatic)")
+    p.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="CPU threads per stream (default: 0 = the cores shared among --max-streams)")
     p.set_defaults(run=_run_serve, parser=p)
 
 
@@ -742,7 +744,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     config = ServeConfig(model=args.model, device=resolve_device(args.backend) if args.backend else "auto",
                          n_threads=args.threads, api_key=api_key, max_streams=args.max_streams,
                          max_queue=args.max_queue, max_upload_mib=args.max_upload_mb, max_audio_s=args.max_audio_s,
-                         beam_size=args.beam_size, batch=not args.no_batch)
+                         beam_size=args.beam_size, batch=args.batch)
     app = create_app(config)
     # The default model loads before the port opens: a model that cannot load is one error line, not a
     # server that fails every request.

@@ -63,7 +63,9 @@ class ServeConfig:
         model: the default model ("whisper-1" and requests without a model use it): a name or a path, as `-m`
             takes; None: the bundled tiny.en.
         device: the ggml device the models load on ("auto": the backend policy's pick).
-        n_threads: CPU threads per model (0: automatic).
+        n_threads: CPU threads of each stream's session (0: the native default's threads shared among the
+            `max_streams` streams, at least 1: on 2 cores two streams of one thread answered 1.45x the audio
+            per second of one stream of two, bench/results/serve.md).
         api_key: when set, every /v1 request must carry `Authorization: Bearer <key>` (a WebSocket may
             instead pass `?api_key=<key>`, as browsers cannot set its headers).
         max_streams: transcriptions and live streams that run at once.
@@ -71,8 +73,12 @@ class ServeConfig:
         max_upload_mib: largest request body, MiB (413 beyond it). 2 hours of 16 kHz 16-bit WAV is 220 MiB.
         max_audio_s: longest audio a request may hold, seconds (413 beyond it).
         beam_size: beam width of file transcriptions (as the CLI's --beam-size; 1: greedy).
-        batch: decode the steps that concurrent streams take together in one graph (`batching`); models in
-            a device process (`isolation`) decode each stream alone.
+        batch: decode the steps that concurrent streams take together in one graph (`batching`). Off by
+            default: on the 2-core Zen 4 it answered 0.9x the audio per second at 2 to 16 clients with a
+            thread per stream, and the same with two (bench/results/serve-default.md, serve.md), since the
+            shared products are a small part of a request there; a GPU, where one graph per step is what
+            costs, is where it is meant to pay, but models in a device process (`isolation`, every GPU by
+            default) decode each stream alone so far.
     """
 
     model: str | None = None
@@ -84,7 +90,7 @@ class ServeConfig:
     max_upload_mib: int = 1024
     max_audio_s: float = 4 * 3600.0
     beam_size: int = 5
-    batch: bool = True
+    batch: bool = False
 
 
 class ApiError(Exception):
@@ -135,12 +141,20 @@ def _loader(config: ServeConfig) -> Callable[[str | None], WhisperModel]:
         from ..models.store import resolve_model
         from ..runtime import load_model
 
-        model = load_model(resolve_model(spec), device=config.device, n_threads=config.n_threads)
+        model = load_model(resolve_model(spec), device=config.device, n_threads=_threads(config))
         if config.batch and not model.isolated:
             model.batcher = DecodeBatcher(model)
         return model
 
     return load
+
+
+def _threads(config: ServeConfig) -> int:
+    if config.n_threads > 0:
+        return config.n_threads
+    from aural import _native
+
+    return max(1, _native.default_threads() // config.max_streams)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -297,7 +311,7 @@ async def _file_request(request: Request, state: _State, form: _TranslationForm,
 async def _answer(request: Request, state: _State, form: _TranslationForm, task: str) -> Response:
     options = _options(form, task, state.config.beam_size)
     try:
-        state.registry.key(form.model)
+        await run_in_threadpool(state.registry.key, form.model)  # lists the installed models: disk reads
     except UnknownModel as exc:
         raise ApiError(404, str(exc), param="model", code="model_not_found") from None
     path = await run_in_threadpool(_save_upload, form.file)

@@ -21,6 +21,7 @@ import threading
 from concurrent.futures import Executor
 
 import numpy as np
+from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from ..audio import SAMPLE_RATE
@@ -65,7 +66,7 @@ async def serve_stream(ws: WebSocket, registry: ModelRegistry, admission: Admiss
     status = "200"
     try:
         options = stream_options(ws.query_params)
-        registry.key(ws.query_params.get("model"))
+        await run_in_threadpool(registry.key, ws.query_params.get("model"))
         await admission.enter()  # in the queue like an upload: the client sends once it reads "ready"
     except (ValueError, UnknownModel, Busy) as exc:
         status = {ValueError: "400", UnknownModel: "404", Busy: "429"}[type(exc)]
