@@ -204,7 +204,7 @@ def _transcribe_on_ray(args: argparse.Namespace, options: Any) -> int:
             _error(outcome.error)
             failed += 1
             continue
-        out_path = args.output_dir / f"{outcome.path.stem}.{args.format}" if args.output_dir else None
+        out_path = _output_path(args, outcome.path)
         with _open_output(out_path) as fh:
             write_result(args.format, outcome.segments, outcome.info, outcome.timings, fh,
                          max_line_len=args.max_line_len, max_cue_s=args.max_cue_s)
@@ -245,7 +245,7 @@ def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: 
         # transcribe() takes no raw_channels: decode interleaved raw PCM here, at the cost of holding the
         # whole file in memory as 16 kHz mono.
         source = load_audio(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
-    out_path = args.output_dir / f"{path.stem}.{args.format}" if args.output_dir else None
+    out_path = _output_path(args, path)
     progress = None if args.quiet or _stdout_shows_transcript(out_path) else _Progress(path.name, sys.stderr)
     try:
         with _interruptible() as stop, _open_output(out_path) as fh:
@@ -266,6 +266,11 @@ def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: 
             progress.close()
     if not args.quiet:
         print(_summary(path, result.info, result.timings.to_dict(), out_path), file=sys.stderr)
+
+
+def _output_path(args: argparse.Namespace, path: Path) -> Path | None:
+    """Where `path`'s transcript goes: DIR/<stem>.<format> with --output-dir, else None (stdout)."""
+    return args.output_dir / f"{path.stem}.{args.format}" if args.output_dir else None
 
 
 @contextlib.contextmanager
@@ -624,7 +629,7 @@ def _run_live(args: argparse.Namespace) -> int:
     from .live.capture import ReplaySource, list_input_devices, open_input
     from .live.journal import SessionJournal, prune_sessions
     from .live.mix import MixSource
-    from .live.streaming import Commit, Error, Metrics, Partial, StreamOptions, event_dict, live_events
+    from .live.streaming import Commit, Error, Metrics, Partial, event_dict, flagged_options, live_events
     from .text.tokenizer import normalize_language
 
     if args.list_devices:
@@ -638,10 +643,8 @@ def _run_live(args: argparse.Namespace) -> int:
         inputs = [open_input(name, devices) for name in args.device or [None]]
         source = inputs[0] if len(inputs) == 1 else MixSource(inputs)
     try:
-        given = {"step_s": args.step, "hold_steps": args.hold, "policy": args.policy, "alignatt_frames": args.frames,
-                 "min_silence_commit_s": args.commit_after, "pause_step": args.pause_step}
-        options = StreamOptions(audio_ctx=args.audio_ctx, language=normalize_language(args.language),
-                                zh_script=args.zh_script, **{k: v for k, v in given.items() if v is not None})
+        options = flagged_options(vars(args), audio_ctx=args.audio_ctx, language=normalize_language(args.language),
+                                  zh_script=args.zh_script)
     except ValueError as exc:
         return _usage_error(args.parser, str(exc))
     stop = threading.Event()

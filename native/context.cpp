@@ -1,7 +1,6 @@
 #include "context.h"
 
 #include <algorithm>
-#include <chrono>
 #include <set>
 #include <stdexcept>
 
@@ -11,12 +10,6 @@
 namespace aural {
 
 namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-double ms_since(clock_type::time_point t0) {
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
 
 // The arena spans the decoder's 448 positions; each further sequence (beam) adds the 224 positions
 // a window may sample (n_text_ctx / 2, ref: openai-whisper decoding.py sample_len) since beams share

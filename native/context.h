@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -38,6 +39,13 @@ struct context_params {
     uint32_t max_ubatch = 0;  // most tokens per decoder graph, longer batches go in pieces; 0 = the
                               // device's limit (decoder_ubatch_limit in backend.h)
 };
+
+using clock_type = std::chrono::steady_clock;
+
+// Milliseconds from `t0` to now: what the timings below are made of.
+inline double ms_since(clock_type::time_point t0) {
+    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
 
 // Timings of one decoder step (milliseconds, bytes).
 struct step_timings {

@@ -346,10 +346,10 @@ ggml_tensor * join(ggml_context * ctx, const std::vector<ggml_tensor *> & outs) 
     return cur;
 }
 
+// A part of the step with where its tokens begin in the batch and its own inputs.
 struct part_inputs {
-    const kv_cache * kv;
-    int64_t begin, n_tokens;
-    uint32_t n_cross;
+    decode_part part;
+    int64_t begin;
     ggml_tensor * cells, * mask;
 };
 
@@ -380,7 +380,7 @@ std::unique_ptr<graph_result> decoder_graph(const model & m, const std::vector<d
         ggml_tensor * mask = input(GGML_TYPE_F16, part.kv->n_ctx(), part.n_tokens, "kq_mask");
         res->inputs.push_back(std::make_unique<cells_input>(cells, j));
         res->inputs.push_back(std::make_unique<mask_input>(mask, j));
-        in.push_back({part.kv, begin, part.n_tokens, part.n_cross, cells, mask});
+        in.push_back({part, begin, cells, mask});
         begin += part.n_tokens;
     }
 
@@ -395,10 +395,10 @@ std::unique_ptr<graph_result> decoder_graph(const model & m, const std::vector<d
         std::vector<ggml_tensor *> outs;
         for (const part_inputs & pi : in) {
             // Write this step's K/V rows in place before the attention reads the arena (graph order).
-            ggml_build_forward_expand(res->gf, pi.kv->cpy_k(ctx, columns(ctx, k_cur, pi.begin, pi.n_tokens), pi.cells, il));
-            ggml_build_forward_expand(res->gf, pi.kv->cpy_v(ctx, columns(ctx, v_cur, pi.begin, pi.n_tokens), pi.cells, il));
-            ggml_tensor * k = pi.kv->get_k(ctx, il), * v = pi.kv->get_v(ctx, il), * qj = columns(ctx, q, pi.begin, pi.n_tokens);
-            const bool own_op = m.simd_self && k->type == GGML_TYPE_F16 && pi.n_tokens <= self_attention_max_rows;
+            ggml_build_forward_expand(res->gf, pi.part.kv->cpy_k(ctx, columns(ctx, k_cur, pi.begin, pi.part.n_tokens), pi.cells, il));
+            ggml_build_forward_expand(res->gf, pi.part.kv->cpy_v(ctx, columns(ctx, v_cur, pi.begin, pi.part.n_tokens), pi.cells, il));
+            ggml_tensor * k = pi.part.kv->get_k(ctx, il), * v = pi.part.kv->get_v(ctx, il), * qj = columns(ctx, q, pi.begin, pi.part.n_tokens);
+            const bool own_op = m.simd_self && k->type == GGML_TYPE_F16 && pi.part.n_tokens <= self_attention_max_rows;
             outs.push_back(own_op ? decoder_self_attention(ctx, qj, k, v, pi.mask, n_head)
                                   : attention(ctx, qj, k, v, pi.mask, n_head));
         }
@@ -412,8 +412,8 @@ std::unique_ptr<graph_result> decoder_graph(const model & m, const std::vector<d
         }
         outs.clear();
         for (const part_inputs & pi : in) {
-            ggml_tensor * ck = pi.kv->get_cross_k(ctx, il, pi.n_cross), * cv = pi.kv->get_cross_v(ctx, il, pi.n_cross);
-            ggml_tensor * qj = columns(ctx, q, pi.begin, pi.n_tokens);
+            ggml_tensor * ck = pi.part.kv->get_cross_k(ctx, il, pi.part.n_cross), * cv = pi.part.kv->get_cross_v(ctx, il, pi.part.n_cross);
+            ggml_tensor * qj = columns(ctx, q, pi.begin, pi.part.n_tokens);
             if (m.simd_cross && layer_heads.empty() && ck->type == GGML_TYPE_F16) {
                 outs.push_back(decoder_cross_attention(ctx, qj, ck, cv, n_head));
                 continue;

@@ -1,22 +1,11 @@
 #include "stream-batch.h"
 
 #include <algorithm>
-#include <chrono>
 #include <set>
 #include <stdexcept>
 #include <string>
 
 namespace aural {
-
-namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-double ms_since(clock_type::time_point t0) {
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
-
-}  // namespace
 
 stream_batch::stream_batch(const model & m, int n_threads) : mdl(m) {
     reuse_enabled_ = !env_flag("AURAL_NO_GRAPH_REUSE");

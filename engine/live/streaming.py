@@ -52,7 +52,7 @@ import time
 from collections import deque
 from itertools import accumulate
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Sequence, Union
+from typing import Any, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -67,8 +67,8 @@ from ..text.chinese import default_script, to_script
 from ..text.tokenizer import TIME_PRECISION, WhisperTokenizer
 from ..vad.gate import FRAME_SAMPLES, SpeechGate, VadOptions
 
-__all__ = ["Partial", "Commit", "Metrics", "Error", "DeviceFallback", "Event", "StreamOptions", "event_dict",
-           "live_events"]
+__all__ = ["FLAG_FIELDS", "Partial", "Commit", "Metrics", "Error", "DeviceFallback", "Event", "StreamOptions",
+           "event_dict", "flagged_options", "live_events"]
 
 logger = logging.getLogger(__name__)
 
@@ -322,6 +322,19 @@ class StreamOptions:
         if not self.trim_s <= self.max_window_s <= N_SAMPLES / SAMPLE_RATE - self.max_step_s:
             raise ValueError("need trim_s <= max_window_s <= 30 s - max_step_s, so that a window never "
                              f"outgrows the encoder; got {self.trim_s}, {self.max_window_s}, {self.max_step_s}")
+
+
+# The caption flags of `aural live` (and the live WebSocket's query parameters of the same names), by the
+# StreamOptions field each sets.
+FLAG_FIELDS = {"step": "step_s", "hold": "hold_steps", "policy": "policy", "frames": "alignatt_frames",
+               "commit_after": "min_silence_commit_s", "pause_step": "pause_step"}
+
+
+def flagged_options(flags: Mapping[str, Any], **fields: Any) -> StreamOptions:
+    """StreamOptions of `fields` and the caption flags in `flags` (FLAG_FIELDS' names); a flag that is absent or
+    None keeps StreamOptions' default. ValueError names what is out of range."""
+    given = {field: flags[flag] for flag, field in FLAG_FIELDS.items() if flags.get(flag) is not None}
+    return StreamOptions(**fields, **given)
 
 
 # -- hypotheses ------------------------------------------------------------------------------------

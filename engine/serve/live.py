@@ -1,20 +1,21 @@
 """Live captions over a WebSocket: `/v1/audio/live`.
 
 The client sends binary frames of 16 kHz mono 16-bit little-endian PCM, of any length, and a text frame
-`{"type": "stop"}` (or simply closes) when its audio ends. The server answers with text frames of JSON:
-first `{"type": "ready", "model": ..., "sample_rate": 16000}` once a stream slot is free and the model is
-loaded (a stream waits in the server's queue like an upload; with the queue full it is refused, 1013),
-then the events of `aural live --json` (`partial`, `commit`, `metrics`, `error`, `fallback`), and closes
-with 1000 after the last `metrics` of a stopped stream. Options ride in the query string: `model`, `language`, `policy`,
-`step`, `commit_after`, `pause_step` (the `aural live` flags of the same names).
+`{"type": "stop"}` (or simply closes) when its audio ends. The server answers with text frames of JSON: first
+`{"type": "ready", "model": ..., "sample_rate": 16000}` once a stream slot is free and the model is loaded (a
+stream waits in the server's queue like an upload; with the queue full it is refused, 1013), then the events
+of `aural live --json` (`partial`, `commit`, `metrics`, `error`, `fallback`), and closes with 1000 after the
+last `metrics` of a stopped stream. Options ride in the query string: `model`, `language`, and `aural live`'s
+caption flags by the same names (`step`, `hold`, `policy`, `frames`, `commit_after`, `pause_step`).
 
-A client that sends faster than real time is slowed by the socket (its frames wait until the engine has
-room), never dropped. One that disconnects stops its stream within a step.
+A client that sends faster than real time is slowed by the socket (its frames wait until the engine has room),
+never dropped. One that disconnects stops its stream within a step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -27,7 +28,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from ..audio import SAMPLE_RATE
 from ..errors import AuralError
 from ..live.capture import PushSource
-from ..live.streaming import Error, Metrics, StreamOptions, event_dict, live_events
+from ..live.streaming import FLAG_FIELDS, Error, Metrics, StreamOptions, event_dict, flagged_options, live_events
 from ..text.tokenizer import normalize_language
 from .registry import Admission, Busy, ModelRegistry, UnknownModel
 from .telemetry import ServerMetrics
@@ -43,20 +44,22 @@ _ROOM_POLL_S = 0.02
 _END = object()  # the producer thread is done
 # WebSocket close codes (RFC 6455 7.4.1; 1013 "try again later" from the IANA registry).
 _NORMAL, _POLICY, _ERROR, _TRY_LATER = 1000, 1008, 1011, 1013
-_FLAGS = {"step": ("step_s", float), "commit_after": ("min_silence_commit_s", float), "policy": ("policy", str),
-          "pause_step": ("pause_step", lambda v: v.lower() in ("1", "true", "yes"))}
+# Query strings to the StreamOptions field types (their annotations are strings: `from __future__ import
+# annotations`).
+_PARSERS = {"float": float, "int": int, "str": str, "bool": lambda v: v.lower() in ("1", "true", "yes")}
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(StreamOptions)}
 
 
 def stream_options(query) -> StreamOptions:
-    """StreamOptions from the query string; ValueError names what is wrong."""
+    """StreamOptions from the query string (`aural live`'s flags, FLAG_FIELDS); ValueError names what is wrong."""
     given = {}
-    for flag, (name, parse) in _FLAGS.items():
+    for flag, field in FLAG_FIELDS.items():
         if flag in query:
             try:
-                given[name] = parse(query[flag])
+                given[flag] = _PARSERS[_FIELD_TYPES[field]](query[flag])
             except ValueError:
                 raise ValueError(f"{flag}: not a number: {query[flag]!r}") from None
-    return StreamOptions(language=normalize_language(query.get("language")), **given)
+    return flagged_options(given, language=normalize_language(query.get("language")))
 
 
 async def serve_stream(ws: WebSocket, registry: ModelRegistry, admission: Admission, metrics: ServerMetrics,

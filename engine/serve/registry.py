@@ -120,13 +120,13 @@ class Admission:
         self.counts = _Counts()
         self._free = asyncio.Condition()
 
-    async def enter(self, *, wait: bool = True) -> None:
-        """Takes a slot, waiting in the queue if `wait`; raises Busy when there is none to wait for."""
+    async def enter(self) -> None:
+        """Takes a slot, waiting in the queue; raises Busy when the queue is full."""
         async with self._free:
             if self.counts.active < self.max_streams:
                 self.counts.active += 1
                 return
-            if not wait or self.counts.waiting >= self.max_queue:
+            if self.counts.waiting >= self.max_queue:
                 raise Busy(f"the server is busy: {self.counts.active} streams are running and "
                            f"{self.counts.waiting} requests are waiting (--max-streams {self.max_streams})")
             self.counts.waiting += 1
