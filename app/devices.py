@@ -1,9 +1,10 @@
 """The input devices the picker offers, kept current without ever making the GUI thread wait.
 
-The sound server's sources are listed by two short `pactl` runs in QProcesses (the server's defaults and
-its sources, as JSON), so a slow or frozen server costs the GUI nothing: a listing that takes longer
-than a few seconds is killed. `pactl subscribe` runs as long as the app and reports every source that
-appears, changes or vanishes, and a change of the server's default; the sources are then listed again.
+The sound server's sources and the applications playing sound are listed by three short `pactl` runs in
+QProcesses (the server's defaults, its sources and its sink inputs, as JSON), so a slow or frozen server
+costs the GUI nothing: a listing that takes longer than a few seconds is killed. `pactl subscribe` runs
+as long as the app and reports every source that appears, changes or vanishes, every application stream
+that starts or ends, and a change of the server's default; the list is then made again.
 Where pactl is missing or no server answers, the PortAudio inputs (`Catalog.input_devices`) are offered
 instead, and the subscription is tried again every few seconds, so that a server that starts later, or
 comes back, is found.
@@ -20,7 +21,8 @@ from functools import partial
 from PySide6.QtCore import QObject, QProcess, QTimer, Signal, Slot
 
 from aural.engine.errors import DeviceError
-from aural.engine.live.capture import PACTL_INFO, PACTL_SOURCES, PACTL_TIMEOUT_S, InputDevice, parse_server_sources
+from aural.engine.live.capture import (PACTL_INFO, PACTL_SINK_INPUTS, PACTL_SOURCES, PACTL_TIMEOUT_S, InputDevice,
+                                      parse_server_sources)
 
 __all__ = ["DeviceWatcher"]
 
@@ -29,6 +31,7 @@ logger = logging.getLogger(__name__)
 _TIMEOUT_MS = round(PACTL_TIMEOUT_S * 1000)  # the engine's own pactl deadline: a frozen server past it
 _SETTLE_MS = 100  # events come in bursts (a module load: new source, change, change): list once after them
 _RETRY_MS = 5000  # after the subscription ended (no server): how soon to try again
+_QUERIES = (PACTL_INFO, PACTL_SOURCES, PACTL_SINK_INPUTS)  # the listing: defaults, sources, applications' streams
 
 
 class DeviceWatcher(QObject):
@@ -53,7 +56,7 @@ class DeviceWatcher(QObject):
         self._shown: tuple | None = None  # (devices, error) last emitted
         # One process per query and one for the subscription, made once and started again: none is
         # deleted while Qt may still be delivering its signals.
-        self._queries = {args: self._process(partial(self._query_ended, args)) for args in (PACTL_INFO, PACTL_SOURCES)}
+        self._queries = {args: self._process(partial(self._query_ended, args)) for args in _QUERIES}
         self._running = 0  # queries of the listing in flight
         self._again = False  # a refresh was asked for during a listing
         self._failure = ""  # why the listing in flight failed, if it did
@@ -139,13 +142,13 @@ class DeviceWatcher(QObject):
         self._deadline.stop()
         if self._stopped:
             return
-        info, sources = (bytes(self._queries[args].readAllStandardOutput()).decode(errors="replace")
-                         for args in (PACTL_INFO, PACTL_SOURCES))
+        info, sources, sink_inputs = (bytes(self._queries[args].readAllStandardOutput()).decode(errors="replace")
+                                      for args in _QUERIES)
         if self._failure:
             self._show_fallback(self._failure)
         else:
             try:
-                self._show(parse_server_sources(sources, info), from_server=True)
+                self._show(parse_server_sources(sources, info, sink_inputs), from_server=True)
             except DeviceError as exc:
                 self._show_fallback(str(exc))
         if self._again:
@@ -180,10 +183,11 @@ class DeviceWatcher(QObject):
         self.refresh()  # what is there now; the subscription reports what changes from here on
 
     def _on_events(self) -> None:
-        # One line per event: "Event 'new' on source #3", "Event 'change' on server #4294967295".
+        # One line per event: "Event 'new' on source #3", "Event 'change' on server #4294967295"; an
+        # application starting or ending a stream: "Event 'new' on sink-input #7".
         while self._subscription.canReadLine():
             line = bytes(self._subscription.readLine()).decode(errors="replace")
-            if " on source #" in line or " on server" in line:
+            if " on source #" in line or " on server" in line or (" on sink-input #" in line and "'change'" not in line):
                 self._settle.start()
 
     def _subscription_ended(self, started: bool) -> None:

@@ -569,9 +569,10 @@ def _add_live(subparsers: Any) -> None:
                               description="Caption speech as it is spoken. Ctrl-C stops and keeps the last words.")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--device", metavar="NAME", action="append",
-                        help="input to caption: a name from --list-devices (a microphone, or a monitor: what the "
-                             "computer plays) or a PortAudio device index; twice or more to mix inputs, e.g. a "
-                             "microphone and a monitor for a meeting (default: the system default)")
+                        help="input to caption: a name from --list-devices (a microphone, a monitor: what the "
+                             "computer plays, or app:NAME: one application's sound alone) or a PortAudio device "
+                             "index; twice or more to mix inputs, e.g. a microphone and a monitor or an app for a "
+                             "meeting (default: the system default)")
     source.add_argument("--replay", type=Path, metavar="FILE", help="caption FILE as if it were being spoken")
     source.add_argument("--list-devices", action="store_true", help="list the inputs --device takes, and exit")
     p.add_argument("--speed", type=float, default=1.0, metavar="X",
@@ -614,7 +615,8 @@ def _list_devices() -> int:
 
     devices = list_input_devices()  # a DeviceError (no PortAudio library) is main()'s one-line error
     for d in devices:
-        notes = [n for n, on in (("system audio: what this computer plays", d.is_monitor), ("default", d.is_default)) if on]
+        notes = [n for n, on in (("system audio: what this computer plays", d.is_monitor),
+                                 ("this application's sound alone", d.is_app), ("default", d.is_default)) if on]
         print(f"{d.name}\t{d.label}" + (f" ({', '.join(notes)})" if notes else ""))
     if not devices:
         print("no input devices (no sound server or sound card answers)", file=sys.stderr)

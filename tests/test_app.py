@@ -507,11 +507,13 @@ def pick_input(window, name: str) -> None:
 
 @pytest.mark.audio
 def test_the_input_picker_lists_the_servers_sources_and_follows_them(virtual_mic, pulse_modules, make_window,
-                                                                     qtbot, settings):
+                                                                     qtbot, settings, jfk_wav):
     window = make_window(catalog=Catalog())  # pactl, and the PortAudio list where it fails
     combo = window.controls.device_combo
+    # The harness's sink plays digital silence all the time, from pacat: an application like any other.
     qtbot.waitUntil(lambda: picker_items(window) == {
-        "vsink.monitor": "Monitor of AuralVirtualMic (system audio, default)"}, timeout=SOURCE_S)
+        "vsink.monitor": "Monitor of AuralVirtualMic (system audio, default)",
+        "app:pacat": "pacat (this app's sound only)"}, timeout=SOURCE_S)
     assert window.devices.from_server and combo.isEnabled()
 
     picked = pulse_modules.load("module-null-source", "source_name=aural_picked", 'description="Aural Picked Source"')
@@ -524,10 +526,13 @@ def test_the_input_picker_lists_the_servers_sources_and_follows_them(virtual_mic
     window.controls.set_running(True)  # as while captioning: a new list must not unlock the picker
     other = pulse_modules.load("module-null-source", "source_name=aural_other", 'description="Aural Other Source"')
     qtbot.waitUntil(lambda: "aural_other" in picker_items(window), timeout=SOURCE_S)
-    # Microphones first, then system audio, then the default microphone with each monitor, for meetings.
-    assert list(picker_items(window)) == ["aural_picked", "aural_other", "vsink.monitor", "mix:aural_picked|vsink.monitor"]
+    # Microphones first, then system audio, then applications, then the default microphone with each of
+    # those, for meetings.
+    assert list(picker_items(window)) == ["aural_picked", "aural_other", "vsink.monitor", "app:pacat",
+                                          "mix:aural_picked|vsink.monitor", "mix:aural_picked|app:pacat"]
     assert picker_items(window)["mix:aural_picked|vsink.monitor"] == \
         "Aural Picked Source + Monitor of AuralVirtualMic (microphone + system audio)"
+    assert picker_items(window)["mix:aural_picked|app:pacat"] == "Aural Picked Source + pacat (microphone + app)"
     assert combo.currentData() == "aural_picked" and not combo.isEnabled()
     window.controls.set_running(False)
 
@@ -541,6 +546,17 @@ def test_the_input_picker_lists_the_servers_sources_and_follows_them(virtual_mic
     qtbot.waitUntil(lambda: combo.currentData() == "aural_picked", timeout=SOURCE_S)  # back, and picked again
     pulse_modules.unload(other)
     qtbot.waitUntil(lambda: "aural_other" not in picker_items(window), timeout=SOURCE_S)
+
+    # An application that starts playing is offered alone, and no longer once it ends.
+    player = subprocess.Popen(["paplay", "--device=vsink", "--client-name=Meeting App", str(jfk_wav)],
+                              env=virtual_mic.env)
+    try:
+        qtbot.waitUntil(lambda: picker_items(window).get("app:Meeting App") == "Meeting App (this app's sound only)",
+                        timeout=SOURCE_S)
+    finally:
+        player.kill()
+        player.wait()
+    qtbot.waitUntil(lambda: "app:Meeting App" not in picker_items(window), timeout=SOURCE_S)
 
 
 USB_MIC = InputDevice(2, "USB Microphone", 48000.0, True)

@@ -24,6 +24,7 @@ from aural.engine.live.capture import (MicrophoneSource, ReplaySource, _capture_
                                   parse_server_sources, portaudio_input_devices, server_sources)
 from aural.engine.audio import SAMPLE_RATE
 from aural.engine.errors import AudioError, DeviceError
+from aural.engine.live.apps import AppSource, app_inputs
 from aural.engine.live.mix import MixSource
 from aural.engine.live.streaming import Commit, Error, Metrics, live_events
 
@@ -82,17 +83,22 @@ def test_lists_the_virtual_microphone(virtual_mic):
 def test_lists_the_sound_servers_sources_by_name_and_description(virtual_mic, pulse_modules):
     # PortAudio sees the server only as ALSA's "pulse" and "default"; pactl names each source.
     assert {d.name for d in portaudio_input_devices()} == {"pulse", "default"}
-    [monitor] = list_input_devices()
+    [monitor] = sources()
     assert (monitor.name, monitor.label, monitor.default_samplerate) == ("vsink.monitor", "Monitor of AuralVirtualMic",
                                                                          16000)
     assert monitor.is_monitor and monitor.is_default and monitor.is_server_source  # the harness's microphone
     module = pulse_modules.load("module-null-source", "source_name=aural_extra", 'description="Aural Extra Source"',
                                 "rate=48000")
-    extra, again = list_input_devices()  # microphones before system audio
+    extra, again = sources()  # microphones before system audio
     assert (extra.name, extra.label, extra.default_samplerate) == ("aural_extra", "Aural Extra Source", 48000)
     assert not extra.is_monitor and not extra.is_default and again == monitor
     pulse_modules.unload(module)
-    assert list_input_devices() == [monitor]
+    assert sources() == [monitor]
+
+
+def sources() -> list:
+    """The listed inputs but applications (the harness's silence feeder, pacat, plays all the time)."""
+    return [d for d in list_input_devices() if not d.is_app]
 
 
 def test_without_pactl_the_portaudio_inputs_are_listed(virtual_mic, tmp_path):
@@ -526,6 +532,8 @@ def test_the_live_command_lists_monitors_and_captions_a_mix(virtual_mic, second_
     assert listed.returncode == 0, listed.stderr
     assert f"{second_sink}.monitor\tMonitor of Aural Second Sink (system audio: what this computer plays)" \
         in listed.stdout.splitlines()
+    # The harness's silence feeder plays all the time: an application, which --device app:pacat would take.
+    assert "app:pacat\tpacat (this application's sound alone)" in listed.stdout.splitlines()
     proc = subprocess.Popen([sys.executable, "-m", "aural.engine.cli", "live", "--threads", "1", "--json",
                              "--device", "vsink.monitor", "--device", f"{second_sink}.monitor"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -555,3 +563,111 @@ def test_the_live_command_lists_monitors_and_captions_a_mix(virtual_mic, second_
     assert sum(w in heard for w in words(BIRCH_CANOE)) >= 6, heard
     assert proc.returncode == 0, err
     assert "0 dropped blocks" in err
+
+
+# -- one application's sound -----------------------------------------------------------------------
+
+
+def play_as(mic: VirtualMic, application: str, wav: Path) -> subprocess.Popen:
+    """`wav` played into the microphone's sink by a client that calls itself `application`."""
+    return subprocess.Popen(["paplay", "--device=vsink", f"--client-name={application}", str(wav)], env=mic.env)
+
+
+def streams_by_app(mic: VirtualMic) -> dict[str, str]:
+    """application.name -> the name of the sink its stream plays on (the last stream of each)."""
+    sinks = {s["index"]: s["name"] for s in json.loads(mic.pactl("-f", "json", "list", "sinks"))}
+    return {s["properties"].get("application.name", s["driver"]): sinks[s["sink"]]
+            for s in json.loads(mic.pactl("-f", "json", "list", "sink-inputs"))}
+
+
+def aural_modules(mic: VirtualMic) -> list[str]:
+    return [m["argument"] for m in json.loads(mic.pactl("-f", "json", "list", "modules"))
+            if "aural_app_" in (m.get("argument") or "")]
+
+
+@pytest.fixture(scope="module")
+def repeated_speech(injected_wav, tmp_path_factory) -> Path:
+    """The speech clip four times with pauses (~19 s): one stream long enough to caption."""
+    speech, rate = sf.read(injected_wav, dtype="int16")
+    pause = np.zeros(rate, dtype=np.int16)
+    path = tmp_path_factory.mktemp("apps") / "four-times.wav"
+    sf.write(path, np.concatenate([speech, pause] * 4), rate, subtype="PCM_16")
+    return path
+
+
+def test_one_application_is_captioned_alone_and_its_stream_goes_back_after(virtual_mic, whisper_model,
+                                                                          repeated_speech, jfk_wav):
+    # Two applications play speech into the same output at once; captioning one hears only its words. While
+    # it runs, that application's stream plays on Aural's private sink (and on to the output through a
+    # loopback); after, it plays on the output again and nothing of Aural's is left in the server.
+    music, meeting = play_as(virtual_mic, "Music Player", jfk_wav), play_as(virtual_mic, "Meeting App", repeated_speech)
+    try:
+        deadline = time.monotonic() + 10
+        while {"Music Player", "Meeting App"} - set(streams_by_app(virtual_mic)):
+            assert time.monotonic() < deadline, streams_by_app(virtual_mic)
+            time.sleep(0.05)
+        listed = {d.name: d for d in list_input_devices()}
+        assert listed["app:Meeting App"].is_app and listed["app:Meeting App"].label == "Meeting App"
+        source = open_input("app:Meeting App", list(listed.values()))
+        assert isinstance(source, AppSource)
+        live = Captioning(whisper_model, source)
+        live.wait_for(live.listening, 30)
+        routed = streams_by_app(virtual_mic)
+        assert routed["Meeting App"] == source.sink and routed["Music Player"] == "vsink"
+        assert routed["module-loopback.c"] == "vsink"  # the user still hears it
+        meeting.wait(60)
+        live.stop.set()
+        assert live.ended_within(SLOW_S)
+    finally:
+        music.kill()
+        meeting.kill()
+    heard = words(live.text())
+    assert sum(w in heard for w in words(BIRCH_CANOE)) >= 6, heard
+    assert not set(heard) & {"americans", "country", "fellow"}, heard
+    assert source.dropped_blocks == 0 and not any(isinstance(e, Error) for e in live.events)
+    assert aural_modules(virtual_mic) == []
+
+
+def test_an_application_that_plays_nothing_is_a_one_line_error_and_changes_nothing(virtual_mic):
+    before = streams_by_app(virtual_mic), aural_modules(virtual_mic)
+    with pytest.raises(DeviceError, match="^Quiet App plays no sound now: start its audio, then captioning.$"):
+        open_input("app:Quiet App").start()
+    assert (streams_by_app(virtual_mic), aural_modules(virtual_mic)) == before
+
+
+def test_modules_left_by_a_process_that_died_are_unloaded_at_the_next_start(virtual_mic, pulse_modules,
+                                                                            repeated_speech):
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid is free now
+    pulse_modules.load("module-null-sink", f"sink_name=aural_app_{gone.pid}_1")
+    assert aural_modules(virtual_mic)
+    player = play_as(virtual_mic, "Meeting App", repeated_speech)
+    try:
+        source = AppSource("Meeting App")
+        deadline = time.monotonic() + 10
+        while True:  # until the player's stream is there
+            try:
+                source.start()
+                break
+            except DeviceError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert aural_modules(virtual_mic) == [m for m in aural_modules(virtual_mic) if source.sink in m]
+        source.stop()
+    finally:
+        player.kill()
+    pulse_modules.loaded.clear()  # unloaded by AppSource, not by the fixture
+    assert aural_modules(virtual_mic) == []
+
+
+def test_applications_are_listed_once_each_and_loopbacks_are_not_applications():
+    streams = [{"index": 4, "sink": 0, "driver": "protocol-native.c", "properties": {"application.name": "Firefox"},
+                "sample_specification": "float32le 2ch 48000Hz"},
+               {"index": 5, "sink": 1, "driver": "protocol-native.c", "properties": {"application.name": "Firefox"}},
+               {"index": 6, "sink": 0, "driver": "module-loopback.c", "properties": {"media.name": "Loopback"}},
+               {"index": 7, "sink": 0, "driver": "protocol-native.c", "properties": {"application.name": "ZOOM"}}]
+    assert [(d.name, d.label, d.default_samplerate, d.is_app, d.is_microphone)
+            for d in app_inputs(json.dumps(streams))] == [("app:Firefox", "Firefox", 48000, True, False),
+                                                          ("app:ZOOM", "ZOOM", 0, True, False)]
+    with pytest.raises(DeviceError, match="unexpected output from pactl"):
+        app_inputs('[{"index": 1}]')

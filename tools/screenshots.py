@@ -49,6 +49,7 @@ PICKER_MODULES = (
      "sink_properties=\"device.description='Built-in Audio Analog Stereo'\""),
     ("module-null-sink", "sink_name=bluez_output.headset", "sink_properties=\"device.description='WH-1000XM4'\""),
 )
+PICKER_APPS = ("Firefox", "ZOOM VoiceEngine")  # applications playing sound, as they name themselves
 
 
 class Display:
@@ -243,9 +244,14 @@ def shoot_picker(out: Path) -> dict[str, float]:
     from audio_harness import VirtualMic
 
     mic = VirtualMic().start()
+    players: list[subprocess.Popen] = []
     try:
         for module in PICKER_MODULES:
             mic.pactl("load-module", *module)
+        # Two applications playing (digital silence, as the harness's own feeder, pacat, does).
+        speakers = "alsa_output.pci-0000_00_1f.3.analog-stereo"  # PICKER_MODULES' built-in output
+        players += [subprocess.Popen(["pacat", "--playback", f"--device={speakers}", f"--client-name={app}", "--raw",
+                                      "/dev/zero"], env=mic.env) for app in PICKER_APPS]
         os.environ["PULSE_SERVER"] = mic.server
         from PySide6.QtWidgets import QApplication
 
@@ -255,8 +261,10 @@ def shoot_picker(out: Path) -> dict[str, float]:
 
         app = QApplication.instance() or QApplication(["aural"])
         apply_theme(app)
+        while not all(f"app:{app}" in {d.name for d in list_input_devices()} for app in PICKER_APPS):
+            time.sleep(0.05)  # until their streams are there
         started = time.monotonic()
-        devices = [d for d in list_input_devices() if d.name != "vsink.monitor"]  # the harness's own sink
+        devices = [d for d in list_input_devices() if d.name not in ("vsink.monitor", "app:pacat")]  # the harness's
         listed_s = time.monotonic() - started
         bar = ControlBar()
         bar.set_devices(devices, "")
@@ -268,6 +276,8 @@ def shoot_picker(out: Path) -> dict[str, float]:
         popup.grab().save(str(out / "input-picker.png"), "PNG")
         bar.device_combo.hidePopup()
     finally:
+        for player in players:
+            player.kill()
         mic.stop()
     return {"picker: pactl listing of the sources, s": listed_s}
 

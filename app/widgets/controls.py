@@ -16,7 +16,8 @@ __all__ = ["ControlBar", "device_label", "model_label"]
 
 def device_label(device) -> str:
     """Picker text for a `capture.InputDevice`: its label, then whether it is system audio or the default."""
-    notes = [note for note, on in (("system audio", device.is_monitor), ("default", device.is_default)) if on]
+    notes = [note for note, on in (("system audio", device.is_monitor), ("this app's sound only", device.is_app),
+                                   ("default", device.is_default)) if on]
     return f"{device.label} ({', '.join(notes)})" if notes else device.label
 
 
@@ -130,9 +131,11 @@ class ControlBar(QWidget):
         self.device_combo.clear()
         for device in devices:
             self.device_combo.addItem(device_label(device), device.name)
-            if device.is_monitor:
-                self.device_combo.setItemData(self.device_combo.count() - 1, "What this computer plays (the "
-                                              "monitor of an output)", Qt.ItemDataRole.ToolTipRole)
+            tip = ("What this computer plays (the monitor of an output)" if device.is_monitor else
+                   f"Only what {device.label} plays: its sound is routed through Aural while captioning, and "
+                   "you still hear it" if device.is_app else "")
+            if tip:
+                self.device_combo.setItemData(self.device_combo.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
         self._add_mixes(devices)
         if not devices:
             self.device_combo.addItem("No input device found", "")
@@ -143,12 +146,14 @@ class ControlBar(QWidget):
         self._enable_devices()
 
     def _add_mixes(self, devices: list) -> None:
-        """For meetings: the default microphone with each output's monitor, summed (`mix.MixSource`)."""
-        mics = [d for d in devices if not d.is_monitor]
+        """For meetings: the default microphone with each output's monitor and with each application, summed
+        (`mix.MixSource`)."""
+        mics = [d for d in devices if d.is_microphone]
         mic = next((d for d in mics if d.is_default), mics[0] if mics else None)
-        for monitor in (d for d in devices if d.is_monitor) if mic else ():
-            self.device_combo.addItem(f"{mic.label} + {monitor.label} (microphone + system audio)",
-                                      mix_name([mic.name, monitor.name]))
+        for other in (d for d in devices if not d.is_microphone) if mic else ():
+            kind = "system audio" if other.is_monitor else "app"
+            self.device_combo.addItem(f"{mic.label} + {other.label} (microphone + {kind})",
+                                      mix_name([mic.name, other.name]))
             self.device_combo.setItemData(self.device_combo.count() - 1, "A meeting: your voice and what this "
                                           "computer plays, captioned together", Qt.ItemDataRole.ToolTipRole)
 

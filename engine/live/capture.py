@@ -36,7 +36,7 @@ import numpy as np
 from ..audio import SAMPLE_RATE, Resampler16k, stream_audio
 from ..errors import AudioError, DeviceError
 
-__all__ = ["CLOSER_THREAD", "InputDevice", "PACTL_INFO", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource", "open_input",
+__all__ = ["APP_PREFIX", "CLOSER_THREAD", "InputDevice", "PACTL_INFO", "PACTL_SINK_INPUTS", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource", "open_input",
            "PushSource", "ReplaySource", "parse_server_sources", "portaudio_input_devices", "server_sources"]
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,9 @@ PACTL_TIMEOUT_S = 3.0
 # pactl's arguments for the server's defaults and for its sources, as JSON (pactl 16 and later).
 PACTL_INFO = ("-f", "json", "info")
 PACTL_SOURCES = ("-f", "json", "list", "sources")
+PACTL_SINK_INPUTS = ("-f", "json", "list", "sink-inputs")  # the streams applications play
+# An application's sound as one input name ("app:Firefox"): apps.AppSource.
+APP_PREFIX = "app:"
 # InputDevice.index of a sound server's source: not a PortAudio device of its own.
 SERVER_SOURCE = -1
 # The PortAudio (ALSA) device that is ALSA's pulse plugin: a server's sources are captured through it.
@@ -83,6 +86,7 @@ class InputDevice:
         description: the server's words for the source ("Built-in Audio Analog Stereo"); "" for a
             PortAudio device, whose name is all there is.
         is_monitor: a sink's monitor: what the computer plays (system audio), not a microphone.
+        is_app: one application's sound alone (apps.AppSource; name "app:<application>").
     """
 
     index: int
@@ -91,11 +95,17 @@ class InputDevice:
     is_default: bool
     description: str = ""
     is_monitor: bool = False
+    is_app: bool = False
 
     @property
     def label(self) -> str:
         """What a picker shows: the description, else the name."""
         return self.description or self.name
+
+    @property
+    def is_microphone(self) -> bool:
+        """Whether it is an input, not something the computer plays."""
+        return not (self.is_monitor or self.is_app)
 
     @property
     def is_server_source(self) -> bool:
@@ -119,6 +129,10 @@ def open_input(name: str | None, devices: list[InputDevice] | None = None) -> "M
     to PortAudio, which matches a part of a device's name or fails at start() with a DeviceError."""
     if not name:
         return MicrophoneSource()
+    if name.startswith(APP_PREFIX):
+        from .apps import AppSource
+
+        return AppSource(name[len(APP_PREFIX):])
     device = next((d for d in (list_input_devices() if devices is None else devices) if d.name == name), None)
     if device is None:
         return MicrophoneSource(int(name) if name.isdigit() else name)
@@ -139,10 +153,12 @@ def portaudio_input_devices() -> list[InputDevice]:
 
 
 def server_sources(pactl: str = "pactl", timeout_s: float = PACTL_TIMEOUT_S) -> list[InputDevice]:
-    """The PulseAudio (or PipeWire-pulse) server's sources, microphones first; raises DeviceError when
-    `pactl` is missing or fails, or no server answers within timeout_s."""
-    info, sources = (_run_pactl(pactl, args, timeout_s) for args in (PACTL_INFO, PACTL_SOURCES))
-    return parse_server_sources(sources, info)
+    """The PulseAudio (or PipeWire-pulse) server's sources, microphones first, then the applications
+    playing sound (apps.AppSource); raises DeviceError when `pactl` is missing or fails, or no server
+    answers within timeout_s."""
+    info, sources, sink_inputs = (_run_pactl(pactl, args, timeout_s)
+                                  for args in (PACTL_INFO, PACTL_SOURCES, PACTL_SINK_INPUTS))
+    return parse_server_sources(sources, info, sink_inputs)
 
 
 def _run_pactl(pactl: str, args: tuple[str, ...], timeout_s: float) -> str:
@@ -157,9 +173,12 @@ def _run_pactl(pactl: str, args: tuple[str, ...], timeout_s: float) -> str:
     return done.stdout
 
 
-def parse_server_sources(sources_json: str, info_json: str) -> list[InputDevice]:
-    """InputDevices from the output of `pactl PACTL_SOURCES` and `pactl PACTL_INFO`, microphones first, each
-    group in the server's order; raises DeviceError on output it cannot read."""
+def parse_server_sources(sources_json: str, info_json: str, sink_inputs_json: str = "[]") -> list[InputDevice]:
+    """InputDevices from the output of `pactl PACTL_SOURCES`, `pactl PACTL_INFO` and `pactl PACTL_SINK_INPUTS`:
+    microphones, then monitors, then applications, each group in the server's order; raises DeviceError on
+    output it cannot read."""
+    from .apps import app_inputs
+
     try:
         default = json.loads(info_json).get("default_source_name")
         devices = [InputDevice(SERVER_SOURCE, s["name"], _spec_rate(s.get("sample_specification", "")),
@@ -167,7 +186,7 @@ def parse_server_sources(sources_json: str, info_json: str) -> list[InputDevice]
                    for s in json.loads(sources_json)]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DeviceError(f"unexpected output from pactl: {exc!r}") from exc
-    return sorted(devices, key=lambda d: d.is_monitor)  # a stable sort
+    return sorted(devices, key=lambda d: d.is_monitor) + app_inputs(sink_inputs_json)  # a stable sort
 
 
 def _spec_rate(spec: str) -> float:
