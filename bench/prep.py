@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -43,7 +44,7 @@ def clip_audio(clip: Clip) -> Path:
     out = CACHE / "audio" / f"{clip.name}.npy"
     if not out.exists() or out.stat().st_mtime < clip.path.stat().st_mtime:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp.npy")
+        tmp = out.with_suffix(f".{os.getpid()}.tmp.npy")  # two benches may prepare the same clip at once
         np.save(tmp, _decode(clip))
         tmp.replace(out)
     return out

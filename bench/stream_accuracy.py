@@ -34,8 +34,8 @@ SAMPLE_RATE = 16000
 
 def options_of(config: str):
     """"local-agreement" or "alignatt-f<frames>", then optionally "/s<seconds>" (step_s), "/c<seconds>"
-    (min_silence_commit_s) and "/pause0" or "/pause1" (pause_step), as StreamOptions:
-    "local-agreement/s0.5/c0.5/pause1"."""
+    (min_silence_commit_s), "/pause0" or "/pause1" (pause_step) and "/d<words>" (doubled_run_words, d0:
+    None), as StreamOptions: "local-agreement/s0.5/c0.5/pause1"."""
     from aural.engine.live.streaming import StreamOptions
 
     policy, *extras = config.split("/")
@@ -47,6 +47,8 @@ def options_of(config: str):
             fields["min_silence_commit_s"] = float(extra[1:])
         elif extra.startswith("s"):
             fields["step_s"] = float(extra[1:])
+        elif extra.startswith("d"):
+            fields["doubled_run_words"] = int(extra[1:]) or None
         elif extra in ("pause0", "pause1"):
             fields["pause_step"] = extra == "pause1"
         else:
@@ -98,7 +100,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="local-agreement,alignatt-f25",
                    help="comma-separated: local-agreement or alignatt-f<frames>, each with optional /s<s> /c<s> "
-                        "/pause0|1")
+                        "/pause0|1 /d<words>")
     p.add_argument("--name", default="stream-accuracy", help="results file stem")
     args = p.parse_args(argv)
     import datetime as dt

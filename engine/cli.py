@@ -597,10 +597,10 @@ def _add_live(subparsers: Any) -> None:
                    help="steps a shown tentative word stays when a new hypothesis changes it, so words that "
                         "flip back and forth do not flicker (default: 1; 0 shows every hypothesis)")
     p.add_argument("--commit-after", type=float, metavar="S",
-                   help="a pause of S seconds makes the tentative text final (default: 2.0)")
-    p.add_argument("--pause-step", action="store_true", default=None,
-                   help="decode as soon as the speaker pauses: with --commit-after 0.5 the last words are final "
-                        "about 0.4 s after they are spoken, at some cost in accuracy")
+                   help="a pause of S seconds makes the tentative text final (default: 0.5)")
+    p.add_argument("--pause-step", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode as soon as the speaker pauses, so that the last words are final about 0.4 s "
+                        "after they are spoken (default: on)")
     p.add_argument("--audio-ctx", choices=["auto", "full"], default="auto",
                    help="encode only the window's audio (auto) or always 30 s (full, slower) (default: auto)")
     p.add_argument("--language", help="spoken language code or name, e.g. zh (default: detect each utterance)")

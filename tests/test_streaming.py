@@ -37,11 +37,14 @@ from aural.engine.live.streaming import (
     _Stream,
     _agreement,
     _context_frames,
+    _doubled_runs,
+    _Hypothesis,
     _parse,
     _join,
     _repeated_run,
     _skip_committed,
     _units,
+    _without_doubles,
     _Word,
     event_dict,
     live_events,
@@ -225,6 +228,46 @@ def test_a_repeated_run_is_found_wherever_it_starts(text, times, looped):
     assert _repeated_run(text.split(), times) is looped
 
 
+@pytest.mark.parametrize("text, second_copies", [
+    ("x he could wait no longer he could wait no longer y", "he could wait no longer"),
+    ("a b c a b c a b c y", "a b c a b c"),  # both later copies of a run said three times
+    ("the birch canoe the birch canoe slid", "the birch canoe"),
+    ("a b a b", ""),  # two words: under the shortest run
+    ("ten of clubs four queen of clubs seven of clubs", ""),  # repeats with words between
+    ("", ""),
+])
+def test_the_second_copy_of_a_doubled_run_is_found(text, second_copies):
+    keys = text.split()
+    assert " ".join(keys[k] for r in _doubled_runs(keys, 3) for k in r) == second_copies
+
+
+def test_a_doubled_sentence_keeps_one_copy_and_the_segment_ends_after_it_move_with_it(model):
+    tok = model.tokenizer
+    ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731
+    # The telephone-band 5 min series at the default settings: Whisper says the sentence twice in one
+    # segment, where the speaker said it once and went on.
+    said = " He hoped there would be stew for dinner."
+    tokens = [ts(0.0), *tok.encode(" built around it."), ts(1.0), ts(1.0), *tok.encode(said + said), ts(3.0),
+              ts(3.0), *tok.encode(" Turnips and carrots."), ts(4.0)]
+    hyp = _parse(tokens, tok, offset_s=10.0, window_s=5.0)
+    assert len(hyp.cuts) == 3
+    kept = _without_doubles(hyp, 3)
+    assert _join(kept.words) == "built around it. He hoped there would be stew for dinner. Turnips and carrots."
+    # The cut after "built around it." stays; the one after the copy is gone (the audio under the copy may
+    # be the words it stood for); the last counts the words that remain.
+    assert kept.cuts == [(3, 11.0), (14, 14.0)]
+    assert _without_doubles(hyp, 9) is hyp  # an 8-word sentence is under a 9-word shortest run
+
+
+def test_in_chinese_a_doubled_run_is_counted_in_characters_two_to_a_word():
+    def hypothesis(text: str):
+        return _Hypothesis([_Word(c, k * 0.2, k * 0.2 + 0.2, spaced=k == 0) for k, c in enumerate(text)], [])
+
+    short = hypothesis("我们走吧我们走吧")  # four characters twice, two words: said so
+    assert _without_doubles(short, 3) is short
+    assert _join(_without_doubles(hypothesis("谢谢你的帮助谢谢你的帮助"), 3).words) == "谢谢你的帮助"
+
+
 def test_options_keep_the_window_under_the_encoder_limit():
     with pytest.raises(ValueError):
         StreamOptions(max_window_s=28.0)
@@ -236,6 +279,8 @@ def test_options_keep_the_window_under_the_encoder_limit():
         StreamOptions(audio_ctx_bucket_s=0)
     with pytest.raises(ValueError, match="repeated_words_threshold"):
         StreamOptions(repeated_words_threshold=1)
+    with pytest.raises(ValueError, match="doubled_run_words"):
+        StreamOptions(doubled_run_words=0)
     with pytest.raises(ValueError, match="min_silence_commit_s"):
         StreamOptions(min_silence_commit_s=0)
     with pytest.raises(ValueError, match="min_silence_commit_s"):
@@ -507,9 +552,12 @@ def test_speech_into_the_microphone_is_captioned(model, virtual_mic, jfk_wav):
                       "ask what you can do for your country.")
     offline = words(offline_text(model, jfk_wav))
     stream_words = [w for c in commits(events) for w in words(c.text)]
-    # One word of 22, not WER_MARGIN (less than a word here): at real-time pace the windows often end at
-    # 4 s and 5 s, where tiny.en hears "asked not" with any context shorter than 30 s (see the CLI test).
-    assert wer(reference, stream_words) <= wer(reference, offline) + 1 / len(reference), stream_words
+    # Two words of 22, not WER_MARGIN (less than a word here). At real-time pace the windows often end at
+    # 4 s and 5 s, where tiny.en hears "asked not" with any context shorter than 30 s (see the CLI test). And
+    # the 0.5 s pause commit may make the words before JFK's first pause final before the words after it
+    # are heard: tiny.en writes "And so am I fellow Americans" for every cut of the clip there (2.4-3.2 s,
+    # with any audio context), one substitution and one insertion (1 run in 9 here).
+    assert wer(reference, stream_words) <= wer(reference, offline) + 2 / len(reference), stream_words
     assert not any(isinstance(e, Error) for e in events)
     assert events[-1].dropped_blocks == 0 and events[-1].audio_s >= 11.0
 
@@ -554,9 +602,9 @@ def test_live_command_commits_by_attention_with_policy_alignatt(jfk_wav):
     assert bad.returncode != 0 and "hold_steps" in bad.stderr.strip().splitlines()[-1]
 
 
-def test_live_command_commits_at_short_pauses_with_pause_step(jfk_wav):
-    result = subprocess.run(live_command("--replay", jfk_wav, "--speed", "0", "--json", "--commit-after", "0.5",
-                                         "--pause-step"), capture_output=True, text=True, timeout=900)
+def test_live_command_takes_the_slower_pause_commit_too(jfk_wav):
+    result = subprocess.run(live_command("--replay", jfk_wav, "--speed", "0", "--json", "--commit-after", "2",
+                                         "--no-pause-step"), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr
     committed = [e["text"] for e in map(json.loads, result.stdout.splitlines()) if e["type"] == "commit"]
     assert wer(words(JFK), words(" ".join(committed))) <= 1 / len(words(JFK)), committed
@@ -574,7 +622,8 @@ def test_live_help_states_the_stream_options_defaults():
     d = StreamOptions()
     stated = {"step": f"(default: {d.step_s})", "policy": f"({d.policy}, the default)",
               "frames": f"(default: {d.alignatt_frames})", "hold": f"(default: {d.hold_steps};",
-              "commit_after": f"(default: {d.min_silence_commit_s})"}
+              "commit_after": f"(default: {d.min_silence_commit_s})",
+              "pause_step": f"(default: {'on' if d.pause_step else 'off'})"}
     for dest, text in stated.items():
         assert text in " ".join(helps[dest].split()), (dest, helps[dest])
 

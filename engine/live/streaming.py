@@ -224,13 +224,15 @@ class StreamOptions:
             (ref: whisper_streaming's buffer_trimming_sec, 15 s).
         max_window_s: longest window; past it the completed segments are committed unconfirmed and
             cut, so the window stays well under Whisper's 30 s.
-        min_silence_commit_s: a pause of this long (VAD) commits the tentative tail.
+        min_silence_commit_s: a pause of this long (VAD) commits the tentative tail. With `pause_step`,
+            0.5 s makes the last words final 0.41 s after they are spoken (p50; p90 0.65 s) against 1.12 s
+            (p90 2.18 s) for 2 s without it, on the 18 dev clips at real-time pace (bench/results/
+            latency-fast-doubles.md, latency-default-doubles.md, Zen 4, 1 thread). Streaming WER on the
+            widened sets (3681 words; stream-accuracy-doubles.md): 12.36 % against 12.47 %. Before
+            `doubled_run_words` it was 14.07 % against 12.55 %: most of the difference was sentences
+            written twice and committed at the short pause.
         pause_step: decode as soon as the speech gate closes after new speech, not only after `step_s`
-            of new audio: the words before a pause show sooner, and with a short `min_silence_commit_s`
-            they are final sooner (0.5 s: 0.40 s from the last word to final text, p50 on the 18 dev
-            clips, against 1.10 s by default), but two hypotheses of nearly the same audio agree more
-            easily: streaming WER on the widened sets 12.55 % off, 13.23 % on, 14.07 % with a 0.5 s
-            pause commit (bench/results/stream-accuracy-guard.md, Zen 4). Off by default.
+            of new audio: the words before a pause show sooner and are final sooner.
         min_silence_reset_s: after a pause this long the window restarts at the silence (the text
             before it becomes the prompt).
         min_speech_s: speech (VAD) needed in the window before it is decoded at all.
@@ -251,6 +253,14 @@ class StreamOptions:
             many times in a row is a loop too, inside one segment as well ("he could wait no longer. he
             could wait no longer. ..."; tiny.en wrote five of it into one segment at a pause commit and
             the speech after it was lost); None: not checked.
+        doubled_run_words: where a run of at least this many words follows itself at once in a
+            hypothesis, the second copy is dropped. Whisper says a sentence twice where it was said once
+            ("The birch canoe. The birch canoe."), and a pause commit or two hypotheses that agree on it
+            would commit both: all 7 hypotheses with such a double of 3+ words in the widened sets'
+            streams with the former defaults, and the one committed, were of that kind. A speaker who
+            does repeat three words at once ("let it be, let it be") loses one copy. Streaming WER on the
+            widened sets, without and with it: 12.55 and 12.47 % (2 s pause commit), 14.07 and 12.36 %
+            (0.5 s pause commit and pause step), 15.08 and 14.43 % (0.5 s step). None: kept.
         policy: "local-agreement" (a word is committed once two hypotheses in a row agree on it) or
             "alignatt" (once the decoder wrote it attending to audio before the window's last
             `alignatt_frames` encoder positions).
@@ -276,8 +286,8 @@ class StreamOptions:
     max_step_s: float = 5.0
     trim_s: float = 12.0
     max_window_s: float = 20.0
-    min_silence_commit_s: float = 2.0
-    pause_step: bool = False
+    min_silence_commit_s: float = 0.5
+    pause_step: bool = True
     min_silence_reset_s: float = 4.0
     min_speech_s: float = 0.25
     preroll_s: float = 0.3
@@ -290,6 +300,7 @@ class StreamOptions:
     compression_ratio_threshold: float = 2.4
     repeated_segments_threshold: int | None = REPEATED_SEGMENTS
     repeated_words_threshold: int | None = 3
+    doubled_run_words: int | None = 3
     policy: str = "local-agreement"
     alignatt_frames: int = 25
     hold_steps: int = 1
@@ -313,6 +324,8 @@ class StreamOptions:
             raise ValueError(f"need hold_steps >= 0, got {self.hold_steps}")
         if self.repeated_words_threshold is not None and self.repeated_words_threshold < 2:
             raise ValueError(f"need repeated_words_threshold >= 2 or None, got {self.repeated_words_threshold}")
+        if self.doubled_run_words is not None and self.doubled_run_words < 1:
+            raise ValueError(f"need doubled_run_words >= 1 or None, got {self.doubled_run_words}")
         if not 0 < self.min_silence_commit_s <= self.min_silence_reset_s:
             # The window restarts only with its words committed: the pause commit must come first.
             raise ValueError("need 0 < min_silence_commit_s <= min_silence_reset_s, got "
@@ -407,6 +420,43 @@ def _repeated_run(keys: Sequence[str], times: int, shortest: int = 2) -> bool:
             if in_a_row >= (times - 1) * n:
                 return True
     return False
+
+
+def _doubled_runs(keys: Sequence[str], shortest: int) -> list[range]:
+    """Indices of the second copies to drop where a run of at least `shortest` units follows itself
+    at once ("he could wait no longer. he could wait no longer."), scanning left to right, longest run
+    first at each position; a run said three times loses both later copies."""
+    drop: list[range] = []
+    i = 0
+    while i < len(keys):
+        n = next((n for n in range((len(keys) - i) // 2, shortest - 1, -1) if keys[i:i + n] == keys[i + n:i + 2 * n]),
+                 0)
+        if not n:
+            i += 1
+            continue
+        copies = 1
+        while keys[i:i + n] == keys[i + (copies + 1) * n:i + (copies + 2) * n]:
+            copies += 1
+        drop.append(range(i + n, i + (copies + 1) * n))
+        i += (copies + 1) * n
+    return drop
+
+
+def _without_doubles(hyp: _Hypothesis, shortest: int) -> _Hypothesis:
+    """The hypothesis with the second copy of each doubled run of words removed (see _doubled_runs).
+    A segment end inside or at the end of a removed copy is dropped, since the audio before it may be
+    what the copy stood in for; the others count the words that remain. Chinese and Japanese units are
+    characters, about two to a word, so there a run needs twice as many."""
+    if 2 * sum(w.spaced for w in hyp.words) < len(hyp.words):
+        shortest *= 2
+    drop = _doubled_runs([w.key for w in hyp.words], shortest)
+    if not drop:
+        return hyp
+    gone = set().union(*drop)
+    words = [w for k, w in enumerate(hyp.words) if k not in gone]
+    cuts = [(n - sum(1 for k in gone if k < n), t) for n, t in hyp.cuts
+            if not any(r.start < n <= r.stop for r in drop)]
+    return _Hypothesis(words, cuts)
 
 
 def _join(words: Sequence[_Word]) -> str:
@@ -709,6 +759,8 @@ class _Stream:
         script = (o.zh_script or default_script()) if self.language == "zh" else None
         hyp = _parse(result.tokens, self.model.tokenizer, self.window_start / SAMPLE_RATE,
                      self.audio.size / SAMPLE_RATE, script)
+        if o.doubled_run_words is not None:
+            hyp = _without_doubles(hyp, o.doubled_run_words)
         if hyp.words and self.silence_from is not None and self.silence_from > self.window_start:
             self._mark_pause(hyp.words)
         return hyp, result
