@@ -268,6 +268,26 @@ def test_in_chinese_a_doubled_run_is_counted_in_characters_two_to_a_word():
     assert _join(_without_doubles(hypothesis("谢谢你的帮助谢谢你的帮助"), 3).words) == "谢谢你的帮助"
 
 
+def test_a_long_streams_old_words_are_forgotten_and_its_prompt_and_pauses_stay_the_same(model):
+    stream = _Stream(model, StreamOptions(), "device")
+    everything: list[_Word] = []
+    for k in range(400):  # 4000 words, five at a time in a window of at most 30
+        words = [_Word(f"w{5 * k + i}" + "," * (i % 3), k + i / 5, k + (i + 1) / 5) for i in range(5)]
+        stream._commit(words)
+        everything += words
+        stream.in_window = min(stream.in_window, 30)  # as cutting the window does
+        stream.n_displayed = len(stream.committed)  # as the display's update does
+        if k % 50 == 0:  # a pause marked at the window's start, read later as the words after it
+            stream.pauses = [(k, len(stream.committed) - stream.in_window, [])]
+            marked = everything[len(everything) - stream.in_window:]
+        text = _join(everything[:len(everything) - stream.in_window])
+        cut = text[-stream.options.prompt_chars:]
+        assert stream._prompt() == (text if len(text) <= stream.options.prompt_chars else cut.partition(" ")[2])
+        assert stream._committed_in_window() == everything[len(everything) - stream.in_window:]
+        assert stream.committed[stream.pauses[0][1]:][:len(marked)] == marked
+    assert len(stream.committed) < 1000  # of 4000
+
+
 def test_options_keep_the_window_under_the_encoder_limit():
     with pytest.raises(ValueError):
         StreamOptions(max_window_s=28.0)

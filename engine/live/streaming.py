@@ -80,6 +80,9 @@ POLICIES = ("local-agreement", "alignatt")  # StreamOptions.policy
 # its compression ratio rejects it.
 _TOKENS_PER_S = 10.0
 _TOKENS_SLACK = 16
+# Committed words no decode reads again are dropped once there are this many (see _forget_old_words): a few
+# minutes of speech, so that the list's copy is rare.
+_FORGET_AFTER = 512
 
 
 # -- events ----------------------------------------------------------------------------------------
@@ -814,7 +817,26 @@ class _Stream:
         self.in_window += len(words)
         # Between two commits as between two words: no space where both sides are Chinese or Japanese.
         spaced = words[0].spaced and not (before and _unspaced(before[-1]) and _unspaced(words[0].text[0]))
+        self._forget_old_words()
         return Commit(_join(words), start, end, self.language, spaced)
+
+    def _forget_old_words(self) -> None:
+        """Drops the committed words nothing reads again, once there are _FORGET_AFTER of them: those before
+        the window's, the prompt's (the last prompt_chars characters before the window), the display's and
+        the pauses' markers, and the last one. The consumers have them all (Commit events); without this a
+        stream's word list grew with it (~2 MiB an hour of speech, tracemalloc)."""
+        window_base = len(self.committed) - self.in_window
+        keep, chars = window_base, 0
+        while keep > self.prompt_from and chars <= self.options.prompt_chars:
+            keep -= 1
+            chars += len(self.committed[keep].text) + self.committed[keep].spaced
+        keep = min(keep, self.n_displayed, len(self.committed) - 1, *(base for _, base, _ in self.pauses))
+        if keep < _FORGET_AFTER:
+            return
+        del self.committed[:keep]
+        self.prompt_from = max(0, self.prompt_from - keep)
+        self.n_displayed -= keep
+        self.pauses = [(at, base - keep, heard) for at, base, heard in self.pauses]
 
     # -- the window --
 
