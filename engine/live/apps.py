@@ -18,6 +18,7 @@ Threads: as for every source, start(), read() and stop() from one consumer threa
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -88,12 +89,11 @@ class AppSource(MicrophoneSource):
         sink: the private null sink's name while capturing; its monitor is what is recorded.
     """
 
-    _count = 0  # null sinks made by this process, so that two captures never share a name
+    _numbers = itertools.count(1)  # of the null sinks made by this process: two captures never share a name
 
     def __init__(self, application: str, *, pactl: str = "pactl", **kwargs):
-        AppSource._count += 1
         self.application = application
-        self.sink = f"{_SINK_PREFIX}{os.getpid()}_{AppSource._count}"
+        self.sink = f"{_SINK_PREFIX}{os.getpid()}_{next(AppSource._numbers)}"
         self._pactl = pactl
         self._route: _Route | None = None
         self._followed_at = 0.0
@@ -104,7 +104,7 @@ class AppSource(MicrophoneSource):
         streams = self._streams()
         if not streams:
             raise DeviceError(f"{self.application} plays no sound now: start its audio, then captioning.")
-        self._route = self._reroute(streams)
+        self._reroute(streams)
         try:
             super()._open()
         except BaseException:
@@ -134,22 +134,29 @@ class AppSource(MicrophoneSource):
         return [s for s in _sink_inputs(self._pactl_out(*PACTL_SINK_INPUTS))
                 if s.application == self.application and not s.loopback]
 
-    def _reroute(self, streams: list[_SinkInput]) -> _Route:
-        """Null sink, loopback to the first stream's sink, then the moves; undone if any step fails."""
+    def _reroute(self, streams: list[_SinkInput]) -> None:
+        """Null sink, loopback to the first stream's sink, then the moves (self._route records each step as
+        it is done); undone if any step fails."""
         description = re.sub(r"[^\w .-]", "", self.application)  # the module argument parser's quoting
-        route = _Route(int(self._pactl_out("load-module", "module-null-sink", f"sink_name={self.sink}",
-                                           f"sink_properties='device.description=\"Aural capture of {description}\"'")))
+        route = _Route(self._load("module-null-sink", f"sink_name={self.sink}",
+                                  f"sink_properties='device.description=\"Aural capture of {description}\"'"))
         self._route = route
         try:
-            route.loopback = int(self._pactl_out(
-                "load-module", "module-loopback", f"source={self.sink}.monitor", f"sink={streams[0].sink}",
-                f"latency_msec={_LOOPBACK_MS}", "source_dont_move=true", "sink_dont_move=true"))
+            route.loopback = self._load("module-loopback", f"source={self.sink}.monitor", f"sink={streams[0].sink}",
+                                        f"latency_msec={_LOOPBACK_MS}", "source_dont_move=true", "sink_dont_move=true")
             self._move(streams)
         except DeviceError:
             self._restore()
             raise
         logger.info("capturing %s alone: %d stream(s) moved to %s", self.application, len(streams), self.sink)
-        return route
+
+    def _load(self, module: str, *args: str) -> int:
+        """Loads a module; its index (DeviceError when pactl answers anything else)."""
+        answer = self._pactl_out("load-module", module, *args)
+        try:
+            return int(answer)
+        except ValueError:
+            raise DeviceError(f"unexpected output from pactl load-module {module}: {answer.strip()!r}") from None
 
     def _move(self, streams: list[_SinkInput]) -> None:
         for stream in streams:
