@@ -12,8 +12,9 @@ clip k mod 17 (the dev clips but the raw PCM one), so every level transcribes th
 
 Configurations are "/"-separated flags: `sN` (--max-streams N), `tM` (--threads M, per model: every stream's
 session uses M threads; without it, the server's default), `greedy` (--beam-size 1; else beam 5, the server's
-default) and `batch` (--batch: the concurrent streams' decoder steps in one graph), e.g. `s1/t2` is
-one-at-a-time on 2 threads. Ratios are against the first configuration of the same decoding (greedy or beam
+default), `batch` (--batch: the concurrent streams' decoder steps in one graph) and `pK` (K separate server
+processes, each with the other flags, client j sending to process j mod K; RSS is their sum), e.g. `s1/t2`
+is one-at-a-time on 2 threads and `p2/s1/t1` two one-at-a-time processes of one thread each. Ratios are against the first configuration of the same decoding (greedy or beam
 5) at the same client count; "mean batch" is streams per shared decoder step (`/metrics`). A peer row,
 faster-whisper's `BatchedInferencePipeline` (int8, beam 5, batch size 8, its default VAD chunking)
 transcribing the same requests one after another in one process, runs in bench/.venv (off with `--no-peer`).
@@ -58,6 +59,8 @@ def server_args(name: str) -> list[str]:
     flags = {"greedy": ["--beam-size", "1"], "batch": ["--batch"]}
     args = []
     for part in name.split("/"):
+        if part[:1] == "p" and part[1:].isdigit():
+            continue  # processes(name)
         if part in flags:
             args += flags[part]
         elif part[:1] in ("s", "t") and part[1:].isdigit():
@@ -65,6 +68,11 @@ def server_args(name: str) -> list[str]:
         else:
             raise SystemExit(f"bench/serve.py: unknown configuration part {part!r} in {name!r}")
     return args
+
+
+def processes(name: str) -> int:
+    """K of a configuration's pK part: how many server processes it runs (1 without one)."""
+    return next((int(part[1:]) for part in name.split("/") if part[:1] == "p" and part[1:].isdigit()), 1)
 
 
 class ServerProcess:
@@ -120,15 +128,16 @@ def request_clips() -> list:
     return [c for c in english_dev_clips() if not c.raw_pcm]
 
 
-def run_level(url: str, clips: list, n_clients: int, n_requests: int) -> dict:
-    """n_clients threads send requests k = 0, 1, ... (clip k mod len(clips)) until n_requests are answered."""
+def run_level(urls: list[str], clips: list, n_clients: int, n_requests: int) -> dict:
+    """n_clients threads send requests k = 0, 1, ... (clip k mod len(clips)) until n_requests are answered;
+    client j sends to urls[j mod len(urls)]."""
     import httpx
 
     next_request = iter(range(n_requests))
     lock = threading.Lock()
     answers: list[dict] = []
 
-    def client() -> None:
+    def client(url: str) -> None:
         with httpx.Client(timeout=_REQUEST_TIMEOUT_S) as http:
             while True:
                 with lock:
@@ -145,7 +154,7 @@ def run_level(url: str, clips: list, n_clients: int, n_requests: int) -> dict:
                     answers.append({"clip": clip.name, "status": response.status_code, "latency_s": latency,
                                     "audio_s": clip.duration_s, "errors": word_errors(clip.reference, text)})
 
-    threads = [threading.Thread(target=client) for _ in range(n_clients)]
+    threads = [threading.Thread(target=client, args=(urls[j % len(urls)],)) for j in range(n_clients)]
     started = time.perf_counter()
     for t in threads:
         t.start()
@@ -166,20 +175,24 @@ def summarize(answers: list[dict], wall_s: float, n_clients: int) -> dict:
 
 
 def run_config(name: str, clients: list[int], n_requests: int, clips: list) -> dict:
-    server = ServerProcess(server_args(name))
+    servers: list[ServerProcess] = []
     try:
-        run_level(server.url, clips[:2], 1, 2)  # warm-up: the model's first windows, the encoder graphs
+        servers += [ServerProcess(server_args(name)) for _ in range(processes(name))]
+        urls = [server.url for server in servers]
+        for url in urls:
+            run_level([url], clips[:2], 1, 2)  # warm-up: the model's first windows, the encoder graphs
         levels = []
         for c in clients:
-            level = run_level(server.url, clips, c, max(n_requests, 2 * c))
-            level["rss_mb"] = server.rss_mb()
-            level["mean_batch"] = server.mean_batch()
+            level = run_level(urls, clips, c, max(n_requests, 2 * c))
+            level["rss_mb"] = sum(server.rss_mb() for server in servers)
+            level["mean_batch"] = servers[0].mean_batch() if len(servers) == 1 else None
             levels.append(level)
             print(f"{name} clients {c}: {level['throughput']:.1f} audio s/s, p50 {level['latency_p50_s']:.2f} s, "
                   f"p95 {level['latency_p95_s']:.2f} s, WER {100 * level['wer']:.1f} %, RSS {level['rss_mb']:.0f} MiB",
                   flush=True)
     finally:
-        server.close()
+        for server in servers:
+            server.close()
     return {"name": name, "levels": levels}
 
 
