@@ -266,9 +266,10 @@ def markdown(report: dict) -> str:
                      fmt(lv["loadavg_1m"], 1)))
     return "\n".join([
         f"# aural serve under load ({report['model']})", "",
-        "Clients POST the English dev clips (json) to one `aural serve` on loopback. A configuration is "
+        "Clients POST the English dev clips (json) to `aural serve` on loopback. A configuration is "
         "`aural serve`'s flags: sN = --max-streams N, tM = --threads M, greedy = --beam-size 1 (else beam 5), "
-        "batch = --batch (concurrent streams' decoder steps share one graph). Throughput is audio seconds answered per wall second, against the first configuration of the "
+        "batch = --batch (concurrent streams' decoder steps share one graph), and pK = K such servers, client j "
+        "sending to server j mod K (RSS: their sum; else one server). Throughput is audio seconds answered per wall second, against the first configuration of the "
         "same decoding at the same client count; latency is each request's send-to-answer time; mean batch is "
         "streams per shared decoder step.", "",
         md_table(_HEADER, rows), "", f"Machine: {_machine(report['machine'])}", ""])
