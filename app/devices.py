@@ -21,8 +21,7 @@ from functools import partial
 from PySide6.QtCore import QObject, QProcess, QTimer, Signal, Slot
 
 from aural.engine.errors import DeviceError
-from aural.engine.live.capture import (PACTL_INFO, PACTL_SINK_INPUTS, PACTL_SOURCES, PACTL_TIMEOUT_S, InputDevice,
-                                      parse_server_sources)
+from aural.engine.live.capture import PACTL_LISTING, PACTL_TIMEOUT_S, InputDevice, parse_server_sources
 
 __all__ = ["DeviceWatcher"]
 
@@ -31,7 +30,6 @@ logger = logging.getLogger(__name__)
 _TIMEOUT_MS = round(PACTL_TIMEOUT_S * 1000)  # the engine's own pactl deadline: a frozen server past it
 _SETTLE_MS = 100  # events come in bursts (a module load: new source, change, change): list once after them
 _RETRY_MS = 5000  # after the subscription ended (no server): how soon to try again
-_QUERIES = (PACTL_INFO, PACTL_SOURCES, PACTL_SINK_INPUTS)  # the listing: defaults, sources, applications' streams
 
 
 class DeviceWatcher(QObject):
@@ -56,7 +54,7 @@ class DeviceWatcher(QObject):
         self._shown: tuple | None = None  # (devices, error) last emitted
         # One process per query and one for the subscription, made once and started again: none is
         # deleted while Qt may still be delivering its signals.
-        self._queries = {args: self._process(partial(self._query_ended, args)) for args in _QUERIES}
+        self._queries = {args: self._process(partial(self._query_ended, args)) for args in PACTL_LISTING}
         self._running = 0  # queries of the listing in flight
         self._again = False  # a refresh was asked for during a listing
         self._failure = ""  # why the listing in flight failed, if it did
@@ -143,7 +141,7 @@ class DeviceWatcher(QObject):
         if self._stopped:
             return
         info, sources, sink_inputs = (bytes(self._queries[args].readAllStandardOutput()).decode(errors="replace")
-                                      for args in _QUERIES)
+                                      for args in PACTL_LISTING)
         if self._failure:
             self._show_fallback(self._failure)
         else:
@@ -187,7 +185,8 @@ class DeviceWatcher(QObject):
         # application starting or ending a stream: "Event 'new' on sink-input #7".
         while self._subscription.canReadLine():
             line = bytes(self._subscription.readLine()).decode(errors="replace")
-            if " on source #" in line or " on server" in line or (" on sink-input #" in line and "'change'" not in line):
+            app_stream = " on sink-input #" in line and "'change'" not in line
+            if " on source #" in line or " on server" in line or app_stream:
                 self._settle.start()
 
     def _subscription_ended(self, started: bool) -> None:

@@ -14,8 +14,8 @@ Configurations are "/"-separated flags: `sN` (--max-streams N), `tM` (--threads 
 session uses M threads; without it, the server's default), `greedy` (--beam-size 1; else beam 5, the server's
 default), `batch` (--batch: the concurrent streams' decoder steps in one graph) and `pK` (K separate server
 processes, each with the other flags, client j sending to process j mod K; RSS is their sum), e.g. `s1/t2`
-is one-at-a-time on 2 threads and `p2/s1/t1` two one-at-a-time processes of one thread each. Ratios are against the first configuration of the same decoding (greedy or beam
-5) at the same client count; "mean batch" is streams per shared decoder step (`/metrics`). A peer row,
+is one-at-a-time on 2 threads and `p2/s1/t1` two one-at-a-time processes of one thread each. Ratios are
+against the first configuration of the same decoding (greedy or beam 5) at the same client count; "mean batch" is streams per shared decoder step (`/metrics`). A peer row,
 faster-whisper's `BatchedInferencePipeline` (int8, beam 5, batch size 8, its default VAD chunking)
 transcribing the same requests one after another in one process, runs in bench/.venv (off with `--no-peer`).
 

@@ -261,10 +261,11 @@ def shoot_picker(out: Path) -> dict[str, float]:
 
         app = QApplication.instance() or QApplication(["aural"])
         apply_theme(app)
-        while not all(f"app:{app}" in {d.name for d in list_input_devices()} for app in PICKER_APPS):
+        while {f"app:{name}" for name in PICKER_APPS} - {d.name for d in list_input_devices()}:
             time.sleep(0.05)  # until their streams are there
         started = time.monotonic()
-        devices = [d for d in list_input_devices() if d.name not in ("vsink.monitor", "app:pacat")]  # the harness's
+        # Not the harness's own sink, nor its silence feeder.
+        devices = [d for d in list_input_devices() if d.name not in ("vsink.monitor", "app:pacat")]
         listed_s = time.monotonic() - started
         bar = ControlBar()
         bar.set_devices(devices, "")

@@ -51,7 +51,8 @@ def app_inputs(sink_inputs_json: str) -> list[InputDevice]:
     for stream in _sink_inputs(sink_inputs_json):
         if stream.application and not stream.loopback:
             rates.setdefault(stream.application, stream.rate)
-    return [InputDevice(SERVER_SOURCE, APP_PREFIX + name, rate, False, name, is_app=True) for name, rate in rates.items()]
+    return [InputDevice(SERVER_SOURCE, APP_PREFIX + name, rate, False, name, is_app=True)
+            for name, rate in rates.items()]
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import numpy as np
 from ..audio import SAMPLE_RATE, Resampler16k, stream_audio
 from ..errors import AudioError, DeviceError
 
-__all__ = ["APP_PREFIX", "CLOSER_THREAD", "InputDevice", "PACTL_INFO", "PACTL_SINK_INPUTS", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource", "open_input",
+__all__ = ["APP_PREFIX", "CLOSER_THREAD", "InputDevice", "PACTL_INFO", "PACTL_LISTING", "PACTL_SINK_INPUTS", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource", "open_input",
            "PushSource", "ReplaySource", "parse_server_sources", "portaudio_input_devices", "server_sources"]
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ PACTL_TIMEOUT_S = 3.0
 PACTL_INFO = ("-f", "json", "info")
 PACTL_SOURCES = ("-f", "json", "list", "sources")
 PACTL_SINK_INPUTS = ("-f", "json", "list", "sink-inputs")  # the streams applications play
+PACTL_LISTING = (PACTL_INFO, PACTL_SOURCES, PACTL_SINK_INPUTS)  # what the input list is made of (server_sources)
 # An application's sound as one input name ("app:Firefox"): apps.AppSource.
 APP_PREFIX = "app:"
 # InputDevice.index of a sound server's source: not a PortAudio device of its own.
@@ -156,8 +157,7 @@ def server_sources(pactl: str = "pactl", timeout_s: float = PACTL_TIMEOUT_S) -> 
     """The PulseAudio (or PipeWire-pulse) server's sources, microphones first, then the applications
     playing sound (apps.AppSource); raises DeviceError when `pactl` is missing or fails, or no server
     answers within timeout_s."""
-    info, sources, sink_inputs = (_run_pactl(pactl, args, timeout_s)
-                                  for args in (PACTL_INFO, PACTL_SOURCES, PACTL_SINK_INPUTS))
+    info, sources, sink_inputs = (_run_pactl(pactl, args, timeout_s) for args in PACTL_LISTING)
     return parse_server_sources(sources, info, sink_inputs)
 
 

@@ -826,6 +826,8 @@ class _Stream:
         the pauses' markers, and the last one. The consumers have them all (Commit events); without this a
         stream's word list grew with it (~2 MiB an hour of speech, tracemalloc)."""
         window_base = len(self.committed) - self.in_window
+        if window_base < _FORGET_AFTER:  # at most window_base words can go: no need to count them
+            return
         keep, chars = window_base, 0
         while keep > self.prompt_from and chars <= self.options.prompt_chars:
             keep -= 1
