@@ -18,6 +18,7 @@ from PySide6.QtCore import QSettings, QSocketNotifier
 from PySide6.QtWidgets import QApplication
 
 from aural.engine.audio import SAMPLE_RATE
+from aural.engine.history import History, HistoryError
 from aural.engine.live.capture import InputDevice, ReplaySource
 
 from .devices import DeviceWatcher
@@ -43,7 +44,10 @@ def build_window(settings: Settings, *, open_source: Callable[[str], object] = o
     live = LiveSession(models, open_source)
     devices = DeviceWatcher(catalog.input_devices, catalog.pactl)
     library = ModelLibrary(models)
-    window = MainWindow(settings, models, files, live, catalog, devices, library)
+    history, history_problem = _open_history()
+    window = MainWindow(settings, models, files, live, catalog, devices, library, history)
+    if history_problem:
+        window.show_error(history_problem)
 
     def shutdown() -> None:
         # Live first: it commits its tail while the file worker finishes its window.
@@ -52,11 +56,20 @@ def build_window(settings: Settings, *, open_source: Callable[[str], object] = o
         library.shutdown()  # a download stops after its current read, its partial kept for resuming
         models.shutdown()
         devices.stop()
+        history.close()
 
     window.closing.connect(shutdown)
     models.load(settings.get(Key.MODEL), settings.get(Key.COMPUTE_DEVICE))
     devices.start()
     return window
+
+
+def _open_history() -> tuple[History, str]:
+    """The transcript library, or, when its file cannot be opened, one in memory for this run and why."""
+    try:
+        return History(), ""
+    except HistoryError as e:
+        return History(Path(":memory:")), f"{e}; transcripts are kept until Aural closes"
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:

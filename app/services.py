@@ -172,6 +172,8 @@ class FileQueue(QObject):
     changed = Signal(object)  # FileJob: status or progress
     segment_added = Signal(object, object)  # FileJob, Segment
     fallback = Signal(object)  # runtime.DeviceFallback: the running file went on on the CPU
+    kept = Signal(int)  # a finished file's transcript is in the library (engine.history) under this id
+    not_kept = Signal(str)  # the library could not take it: why
     _submit = Signal(object)  # FileRequest, to the worker's thread
 
     def __init__(self, models: ModelService, parent: QObject | None = None):
@@ -252,6 +254,8 @@ class FileQueue(QObject):
         worker.cancelled.connect(self._on_cancelled)
         worker.failed.connect(self._on_failed)
         worker.fallback.connect(self.fallback)
+        worker.kept.connect(self.kept)
+        worker.not_kept.connect(self.not_kept)
         worker.finished.connect(self._on_finished)
         self._submit.connect(worker.transcribe)
         # The wrapper is kept here: were it collected while the thread runs, Python would delete the

@@ -15,12 +15,13 @@ from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKe
 from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QSplitter,
                                QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
+from aural.engine.history import History
 from aural.engine.models.store import DEFAULT_MODEL
 from aural.engine.text.tokenizer import LANGUAGES
 from aural.engine.text.writers import merge_fragments
 
 from .devices import DeviceWatcher
-from .export import save_transcript
+from .export import CaptionSegment, save_transcript
 from .jobs import FileJob, JobStatus
 from .library import ModelLibrary
 from .services import Catalog, FileQueue, LiveSession, ModelService, stop_threads
@@ -30,6 +31,7 @@ from .widgets.captions import CaptionsView
 from .widgets.controls import ControlBar
 from .widgets.file_queue import FileQueueView
 from .widgets.file_result import EXPORT_FORMATS, FileResultView
+from .widgets.history_view import HistoryView
 from .widgets.metrics import MetricsPanel
 from .widgets.models_dialog import ModelsDialog, progress_text, size_text
 from .widgets.preferences import PreferencesDialog, transcribe_options
@@ -60,7 +62,7 @@ class MainWindow(QMainWindow):
     closing = Signal()  # the composition root stops the services on it
 
     def __init__(self, settings: Settings, models: ModelService, files: FileQueue, live: LiveSession,
-                 catalog: Catalog, devices: DeviceWatcher, library: ModelLibrary):
+                 catalog: Catalog, devices: DeviceWatcher, library: ModelLibrary, history: History):
         super().__init__()
         self.setWindowTitle("Aural")
         self.setAcceptDrops(True)
@@ -71,6 +73,7 @@ class MainWindow(QMainWindow):
         self._catalog = catalog
         self.devices = devices
         self.library = library
+        self.history = history
         self._models_dialog: ModelsDialog | None = None
         self._shown_job: FileJob | None = None
         self._offers: list = []  # journal.Session: unclosed sessions still to offer, oldest first
@@ -112,6 +115,8 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence(Qt.Key.Key_Space), self.live_pane, self.toggle_live,
                   context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
         self.files_tab = self.tabs.addTab(files, "Files")
+        self.history_view = HistoryView(self.history)
+        self.history_tab = self.tabs.addTab(self.history_view, "History")
         central = QWidget()
         layout = QVBoxLayout(central)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -226,6 +231,11 @@ class MainWindow(QMainWindow):
         self.queue.cancel_requested.connect(self.files.cancel)
         self.queue.job_selected.connect(lambda job_id: self.show_job(self.files.job(job_id)))
         self.result.export_requested.connect(self._ask_export_job)
+        self.files.kept.connect(lambda _id: self.history_view.refresh())
+        self.files.not_kept.connect(self.show_error)
+        self.history_view.export_requested.connect(self._ask_export_kept)
+        self.history_view.failed.connect(self.show_error)
+        self.tabs.currentChanged.connect(self._on_tab_changed)
         self.restore_bar.restore_requested.connect(self.restore_session)
         self.restore_bar.discard_requested.connect(self.discard_session)
         lib = self.library
@@ -248,6 +258,12 @@ class MainWindow(QMainWindow):
         self.controls.set_multilingual(False)  # until a model is loaded
 
     @Slot(list)
+    @Slot(int)
+    def _on_tab_changed(self, index: int) -> None:
+        # A live session enters the library when its journal closes: the list is read again on each visit.
+        if index == self.history_tab:
+            self.history_view.refresh()
+
     def _show_devices(self, devices: list) -> None:
         """A new device list: the input last picked stays picked while it is there (and is picked again when
         it comes back); else the default input."""
@@ -667,6 +683,16 @@ class MainWindow(QMainWindow):
         path = self._ask_path(fmt, job.path.stem) if job is not None else ""
         if path:
             self.export_job(job, fmt, path)
+
+    def _ask_export_kept(self, entry_id: int, fmt: str) -> None:
+        path = self._ask_path(fmt, self.history.entry(entry_id).title)
+        if path:
+            self.export_kept(entry_id, fmt, path)
+
+    def export_kept(self, entry_id: int, fmt: str, path: str | Path) -> Path | None:
+        """A transcript of the History tab, as its lines were kept."""
+        lines = self.history.lines(entry_id)
+        return self._save(path, fmt, [CaptionSegment(k, ln.start, ln.end, ln.text) for k, ln in enumerate(lines)])
 
     def export_captions(self, fmt: str, path: str | Path) -> Path | None:
         """Live commits are a few words each: they are merged into readable cues (whole sentences, two

@@ -21,13 +21,14 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from aural.engine.errors import AuralError
 from aural.engine.features import N_FRAMES, N_SAMPLES, window_mel
+from aural.engine.history import History, HistoryError, Line
 from aural.engine.live.mix import MixSource
 from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
 from aural.engine.models.download import TransferRate
 from aural.engine.models.store import PullProgress, catalog_models, pull, resolve_model
 from aural.engine.runtime import DeviceFallback, WhisperModel, compute_devices, load_model
 from aural.engine.text.chinese import default_script, localize_segments
-from aural.engine.transcribe import TranscribeOptions, transcribe
+from aural.engine.transcribe import TranscribeOptions, TranscriptionInfo, transcribe
 
 __all__ = ["CatalogLister", "ComputeDevicesWorker", "DoctorWorker", "EncoderProbe", "FileRequest", "FileWorker",
            "LiveWorker", "MeteredSource", "ModelLoader", "PullWorker", "start_thread", "start_worker", "worker_threads"]
@@ -289,6 +290,8 @@ class FileWorker(_Reporter):
     segment = Signal(object)  # Segment
     done = Signal(object)  # Timings
     cancelled = Signal()
+    kept = Signal(int)  # history.History id of the finished transcript
+    not_kept = Signal(str)  # why the library could not take it (the file's result stays as it is)
     fallback = Signal(object)  # runtime.DeviceFallback: the CPU took over the file from the model's device
 
     @Slot(object)
@@ -306,12 +309,28 @@ class FileWorker(_Reporter):
         self.opened.emit(result.info)
         # Chinese in the user's script, as `aural transcribe` writes it (a translation is English).
         language = result.info.language if request.options.task == "transcribe" else None
+        segments = []
         for segment in localize_segments(result, language, default_script()):
+            segments.append(segment)
             self.segment.emit(segment)
         if request.stop.is_set():
             self.cancelled.emit()
             return
+        self._keep(request.path, result.info, segments)
         self.done.emit(result.timings)
+
+    def _keep(self, path: Path, info: TranscriptionInfo, segments: list) -> None:
+        """The finished transcript into the library (History tab); one that cannot be written is reported
+        and the transcript stays in the queue as it is."""
+        try:
+            with History() as history:
+                entry_id = history.add("file", path.name, [Line(s.start, s.end, s.text) for s in segments],
+                                       source=str(path), model=info.model, language=info.language,
+                                       duration_s=info.duration_s)
+        except HistoryError as e:
+            self.not_kept.emit(str(e))
+            return
+        self.kept.emit(entry_id)
 
 
 class MeteredSource:

@@ -758,6 +758,79 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- history
+
+
+def _add_history(subparsers: Any) -> None:
+    p = subparsers.add_parser("history", help="list, search, show, rename and delete kept transcripts",
+                              description="The transcript library: every file the app transcribed and every live "
+                              "session, kept in the user data folder (SQLite, full-text search).")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("list", help="every kept transcript, newest first").set_defaults(run=_run_history_list)
+    search = actions.add_parser("search", help="segments holding every word of QUERY (the last may be a prefix)")
+    search.add_argument("query", metavar="QUERY", nargs="+")
+    search.add_argument("-n", "--limit", type=int, default=50, help="most hits to print (default: 50)")
+    search.set_defaults(run=_run_history_search)
+    show = actions.add_parser("show", help="print a transcript with its times")
+    show.add_argument("id", type=int, metavar="ID")
+    show.set_defaults(run=_run_history_show)
+    rename = actions.add_parser("rename", help="give a transcript another title")
+    rename.add_argument("id", type=int, metavar="ID")
+    rename.add_argument("title", metavar="TITLE")
+    rename.set_defaults(run=_run_history_rename)
+    remove = actions.add_parser("rm", help="delete a transcript (and a live session's journal file)")
+    remove.add_argument("id", type=int, metavar="ID")
+    remove.set_defaults(run=_run_history_rm)
+
+
+def _run_history_list(args: argparse.Namespace) -> int:
+    from .history import History
+
+    with History() as history:
+        for e in history.entries():
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.created))
+            length = _clock(e.duration_s) if e.duration_s is not None else "?"
+            print(f"{e.id:>5}  {when}  {length:>8}  {e.kind:<4}  {e.model:<18} {e.language or '-':<3} {e.title}")
+    return 0
+
+
+def _run_history_search(args: argparse.Namespace) -> int:
+    from .history import History
+
+    with History() as history:
+        for hit in history.search(" ".join(args.query), limit=args.limit):
+            print(f"{hit.entry.id:>5}  {_clock(hit.start):>8}  {hit.entry.title}: {hit.marked('[', ']')}")
+    return 0
+
+
+def _run_history_show(args: argparse.Namespace) -> int:
+    from .history import History
+
+    with History() as history:
+        print(history.entry(args.id).title)
+        for line in history.lines(args.id):
+            print(f"[{_clock(line.start)} - {_clock(line.end)}] {line.text}")
+    return 0
+
+
+def _run_history_rename(args: argparse.Namespace) -> int:
+    from .history import History
+
+    with History() as history:
+        history.rename(args.id, args.title)
+    return 0
+
+
+def _run_history_rm(args: argparse.Namespace) -> int:
+    from .history import History
+
+    with History() as history:
+        title = history.entry(args.id).title
+        history.delete(args.id)
+    print(f"Deleted {args.id} ({title}).")
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------- doctor
 
 
@@ -779,7 +852,8 @@ def _run_doctor(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------------- main
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_transcribe, _add_models, _add_live, _add_serve, _add_doctor]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_transcribe, _add_models, _add_live, _add_serve, _add_history,
+                                            _add_doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -181,6 +181,49 @@ def test_dropped_file_is_transcribed_shown_and_exported(window, settings, qtbot,
     assert '"segments"' in saved.read_text(encoding="utf-8")
 
 
+def test_finished_files_are_kept_and_a_search_hit_opens_its_transcript_at_the_hit(window, qtbot, jfk_wav, data_dir,
+                                                                                   tmp_path, monkeypatch):
+    for path in (jfk_wav, data_dir / "en_libri_1089-134691-0000.flac"):
+        with qtbot.waitSignal(window.files.kept, timeout=FILE_S):
+            window.add_files([str(path)])
+    window.tabs.setCurrentIndex(window.history_tab)
+    view = window.history_view
+    titles = [view.list.item(row, 2).text() for row in range(view.list.rowCount())]
+    assert titles == ["en_libri_1089-134691-0000.flac", jfk_wav.name]  # newest first
+
+    with qtbot.waitSignal(view.listed):  # once typing pauses
+        qtbot.keyClicks(view.search, "your countr")  # the last word as typed so far
+    assert view.list.rowCount() == 2  # the two JFK segments that say "your country"
+    assert all("<b>your</b>" in view.hit_text(row) and "<b>country</b>" in view.hit_text(row) for row in range(2))
+    view.list.selectRow(1)
+    assert view.title.text().startswith(f"<b>{jfk_wav.name}</b>")
+    hit_start = view.list.item(1, 0).data(Qt.ItemDataRole.UserRole + 1)
+    selected = view.selected_line()
+    assert view.lines.item(selected, 0).data(Qt.ItemDataRole.UserRole + 1) == hit_start
+    assert "country" in view.lines.item(selected, 2).text()
+
+    with qtbot.waitSignal(view.listed):
+        qtbot.keyClicks(view.search, "y WAIT no")  # "your country wait no": no segment holds all
+    assert view.list.rowCount() == 0
+    with qtbot.waitSignal(view.listed):
+        view.search.setText("wait no longer")
+    assert view.list.rowCount() == 1
+    view.list.selectRow(0)
+    assert view.title.text().startswith("<b>en_libri_1089-134691-0000.flac</b>")
+
+    out = tmp_path / "kept.txt"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), "Text (*.txt)"))
+    qtbot.mouseClick(view.exports["txt"], Qt.MouseButton.LeftButton)
+    assert "wait no longer" in normalized(out.read_text(encoding="utf-8"))
+    view.rename(view.shown_id, "He could wait")
+    view.search.clear()
+    view.refresh()
+    assert view.list.item(0, 2).text() == "He could wait"
+    view.list.selectRow(0)
+    qtbot.mouseClick(view.delete_button, Qt.MouseButton.LeftButton)
+    assert [view.list.item(row, 2).text() for row in range(view.list.rowCount())] == [jfk_wav.name]
+
+
 def test_cancel_a_running_file(window, qtbot, data_dir):
     assert drop_files(window, [data_dir / "en_librivox_shakespeare_sonnet001.mp3"])
     job = last_job(window)

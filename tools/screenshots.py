@@ -9,7 +9,8 @@ Runs `python -m aural.app` three times under Xvfb (QT_QPA_PLATFORM=xcb, a privat
 Then 4. the Models dialog mid-download, in this process on Qt's offscreen platform (no Xvfb needed): tiny.en
 exported to a whisper.cpp file and served slowly by tests/model_mirror.py on loopback, into a scratch cache;
 5. the input picker open, offscreen too, listing a private PulseAudio daemon's sources (tests/audio_harness.py:
-a microphone source and the monitors of two outputs, named as a laptop's are) with pactl, as the app does.
+a microphone source and the monitors of two outputs, named as a laptop's are) with pactl, as the app does;
+6. the History tab, offscreen: the files of run 2 transcribed into a scratch library, searched.
 Prints launch -> window shown (polled with xwininfo) and Start -> first partial (the app's own log line,
 timed from the moment captioning could begin, i.e. after the model loaded). Needs Xvfb, xwininfo and
 ImageMagick's `import` (tools/sysdeps.sh installs them).
@@ -40,7 +41,8 @@ FIRST_PARTIAL = re.compile(r"first partial ([\d.]+) s after Start")
 TRANSCRIBED = re.compile(r"transcribed [\d.]+ s in [\d.]+ s")
 MIRROR_MODEL = "mirror-tiny.en"  # the mirror's catalog names tiny.en's export so: it is not the built-in tiny.en
 MODELS_SHOT_AT = 0.4  # the fraction downloaded when the Models dialog is shot
-SCENES = ("live", "files", "captions", "models", "picker")
+SCENES = ("live", "files", "captions", "models", "picker", "history")
+HISTORY_QUERY = "your country"  # the history scene's search: two of JFK's segments
 # The picker scene's sound server: a microphone and two outputs, described as a laptop's sound card names them.
 PICKER_MODULES = (
     ("module-null-source", "source_name=alsa_input.usb-046d_HD_Webcam_C615-02.mono-fallback",
@@ -283,6 +285,41 @@ def shoot_picker(out: Path) -> dict[str, float]:
     return {"picker: pactl listing of the sources, s": listed_s}
 
 
+def shoot_history(out: Path, config: Path) -> dict[str, float]:
+    """The History tab searching HISTORY_QUERY over FILES, transcribed by the app into a scratch library, with
+    the first hit's transcript open at the hit (offscreen)."""
+    os.environ.update(QT_QPA_PLATFORM="offscreen", AURAL_USER_DATA_DIR=str(config / "history-data"))
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from aural.app.main import build_window
+    from aural.app.services import Catalog
+    from aural.app.settings import Settings
+    from aural.app.theme import apply_theme
+
+    app = QApplication.instance() or QApplication(["aural"])
+    apply_theme(app)
+    window = build_window(Settings(QSettings(str(config / "history-scene.ini"), QSettings.Format.IniFormat)),
+                          catalog=Catalog(input_devices=lambda: [], pactl=""))
+    window.resize(1100, 640)
+    window.show()
+    kept: list[int] = []
+    window.files.kept.connect(kept.append)
+    window.add_files([str(path) for path in FILES])
+    _wait(app, lambda: len(kept) == len(FILES), 300, "the files were not transcribed")
+    window.tabs.setCurrentIndex(window.history_tab)
+    view = window.history_view
+    view.search.setText(HISTORY_QUERY)
+    started = time.monotonic()
+    view.refresh()
+    search_s = time.monotonic() - started
+    view.list.selectRow(0)
+    app.processEvents()
+    window.grab().save(str(out / "history-search.png"), "PNG")
+    window.close()
+    return {"history: search of 2 transcripts, s": search_s}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
@@ -292,14 +329,15 @@ def main() -> int:
     scenes = set(args.scenes.split(","))
     if not scenes <= set(SCENES):
         parser.error(f"--scenes takes {', '.join(SCENES)}")
-    for tool in ("Xvfb", "xdpyinfo", "xwininfo", "import") if scenes - {"models", "picker"} else ():
+    offscreen = {"models", "picker", "history"}
+    for tool in ("Xvfb", "xdpyinfo", "xwininfo", "import") if scenes - offscreen else ():
         if shutil.which(tool) is None:
             print(f"screenshots: {tool} not found; run tools/sysdeps.sh", file=sys.stderr)
             return 1
     args.out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="aural-shots-") as config:
-        if scenes - {"models", "picker"}:
+        if scenes - offscreen:
             with Display(args.display) as display:
                 if "live" in scenes:
                     timings |= shoot_live(display, args.out, Path(config))
@@ -311,6 +349,8 @@ def main() -> int:
             timings |= shoot_models(args.out, Path(config))
         if "picker" in scenes:
             timings |= shoot_picker(args.out)
+        if "history" in scenes:
+            timings |= shoot_history(args.out, Path(config))
     for label, seconds in timings.items():
         print(f"{label:<52} {seconds:6.2f}")
     print(f"screenshots in {args.out}: " + ", ".join(sorted(p.name for p in args.out.glob("*.png"))))

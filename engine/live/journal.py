@@ -38,7 +38,7 @@ from pathlib import Path
 import platformdirs
 
 __all__ = ["KEEP_DAYS", "OUTCOMES", "JournalEntry", "Session", "SessionJournal", "mark_session", "prune_sessions",
-           "read_session", "sessions_dir", "unclosed_sessions"]
+           "read_session", "sessions_dir", "unclosed_sessions", "user_data_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,14 @@ KEEP_DAYS = 30.0
 _serial = itertools.count(1)  # file names stay unique within a process and a second
 
 
+def user_data_dir() -> Path:
+    """Aural's user data folder: $AURAL_USER_DATA_DIR, else platformdirs' (~/.local/share/aural)."""
+    return Path(os.environ.get(_DATA_ENV) or platformdirs.user_data_dir("aural"))
+
+
 def sessions_dir() -> Path:
-    """Folder of session journals: $AURAL_USER_DATA_DIR/sessions, else the user data folder's sessions/."""
-    return Path(os.environ.get(_DATA_ENV) or platformdirs.user_data_dir("aural")) / "sessions"
+    """Folder of session journals: the user data folder's sessions/."""
+    return user_data_dir() / "sessions"
 
 
 @dataclass(frozen=True)
@@ -140,14 +145,17 @@ class SessionJournal:
             self._write(lines)
 
     def close(self) -> None:
-        """A clean stop: writes the closing line (when anything was journaled) and releases the file.
-        Safe to call twice."""
+        """A clean stop: writes the closing line (when anything was journaled), releases the file and keeps
+        the session in the transcript library beside the sessions folder (history.History). Safe to call
+        twice."""
         with self._lock:
             if self._file is None:
                 return
             self._write([{"type": "end", "outcome": "stopped", "wall": time.time()}])
             self._file.close()  # drops the flock
             self._file = None
+            path = self.path
+        _keep_in_history(path)
 
     def _open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -166,6 +174,24 @@ class SessionJournal:
         self._file.write("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
         self._file.flush()
         os.fsync(self._file.fileno())
+
+
+def _keep_in_history(path: Path) -> None:
+    """The ended session into the library next to its folder (<user data>/history.sqlite3 by default). The
+    journal stays the durable copy: a library that cannot be written costs a warning, not the session."""
+    from ..history import History, HistoryError, Line  # the library imports this module
+
+    session = read_session(path)
+    if session is None or not session.entries:
+        return
+    lines = [Line(e.start, e.end, e.text) for e in session.entries]
+    title = f"Live session {session.started_label}"
+    try:
+        with History(path.parent.parent / "history.sqlite3") as history:
+            history.add("live", title, lines, source=session.source, model=session.model, language="",
+                        duration_s=lines[-1].end, journal=str(path), created=session.started)
+    except HistoryError as e:
+        logger.warning("%s", e)
 
 
 def _fsync_dir(directory: Path) -> None:

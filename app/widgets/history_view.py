@@ -1,0 +1,227 @@
+"""The History tab: every kept transcript (engine.history), a search over all of them, and the chosen one's
+lines. A search hit opens its transcript with the hit's line selected."""
+
+from __future__ import annotations
+
+import html
+import time
+
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit,
+                               QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from aural.engine.history import Entry, Hit, History, HistoryError, Line
+from aural.engine.text.writers import format_timestamp
+
+from .file_result import EXPORT_FORMATS
+from .file_queue import format_duration
+
+__all__ = ["HistoryView"]
+
+_SEARCH_DELAY_MS = 200  # typing pauses this long before the search runs: one query per word, not per key
+_LIST_HEADERS = ("When", "Length", "Transcript")
+_HIT_HEADERS = ("Transcript", "At", "Match")
+_ID, _START = Qt.ItemDataRole.UserRole, Qt.ItemDataRole.UserRole + 1
+
+
+def _item(text: str, entry_id: int, start: float = 0.0) -> QTableWidgetItem:
+    item = QTableWidgetItem(text)
+    item.setData(_ID, entry_id)
+    item.setData(_START, start)
+    return item
+
+
+class HistoryView(QWidget):
+    """Lists `history` (a History of the GUI thread: its queries take milliseconds) and shows a transcript.
+
+    Signals: export_requested(entry id, format); failed(message) for a library that cannot be written; listed
+    once the list has been filled again."""
+
+    export_requested = Signal(int, str)
+    failed = Signal(str)
+    listed = Signal()
+
+    def __init__(self, history: History, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.history = history
+        self.shown_id: int | None = None
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search all transcripts")
+        self.search.setClearButtonEnabled(True)
+        self._timer = QTimer(self, singleShot=True, interval=_SEARCH_DELAY_MS)
+        self._timer.timeout.connect(self.refresh)
+        self.search.textChanged.connect(self._timer.start)
+        self.list = self._table(_LIST_HEADERS)
+        self.list.itemSelectionChanged.connect(self._open_selected)
+        self.title = QLabel("Transcripts of files and live sessions are kept here.")
+        self.title.setObjectName("historyTitle")
+        self.title.setWordWrap(True)
+        self.lines = self._table(("Start", "End", "Text"))
+        self.rename_button = QPushButton("Rename…")
+        self.rename_button.clicked.connect(self._ask_rename)
+        self.delete_button = QPushButton("Delete")
+        self.delete_button.setToolTip("Forget this transcript (a live session's journal file goes with it)")
+        self.delete_button.clicked.connect(self.delete_shown)
+        self.exports = {fmt: QPushButton(fmt.upper()) for fmt in EXPORT_FORMATS}
+        for fmt, button in self.exports.items():
+            button.clicked.connect(lambda _=False, f=fmt: self.export_requested.emit(self.shown_id, f))
+        self.setLayout(self._layout())
+        self._set_actions(False)
+        self.refresh()
+
+    @staticmethod
+    def _table(headers: tuple[str, ...]) -> QTableWidget:
+        table = QTableWidget(0, len(headers))
+        table.setHorizontalHeaderLabels(headers)
+        table.verticalHeader().setVisible(False)
+        table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        table.setWordWrap(True)
+        header = table.horizontalHeader()
+        for column in range(len(headers) - 1):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(len(headers) - 1, QHeaderView.ResizeMode.Stretch)
+        return table
+
+    def _layout(self) -> QVBoxLayout:
+        left = QWidget()
+        column = QVBoxLayout(left)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(self.search)
+        column.addWidget(self.list, 1)
+        right = QWidget()
+        column = QVBoxLayout(right)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(self.title)
+        column.addWidget(self.lines, 1)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.rename_button)
+        buttons.addWidget(self.delete_button)
+        buttons.addStretch(1)
+        buttons.addWidget(QLabel("Export:"))
+        for button in self.exports.values():
+            buttons.addWidget(button)
+        column.addLayout(buttons)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(left)
+        split.addWidget(right)
+        split.setStretchFactor(0, 2)
+        split.setStretchFactor(1, 3)
+        layout = QVBoxLayout()
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(split)
+        return layout
+
+    @Slot()
+    def refresh(self) -> None:
+        """The list again: every transcript, or the hits of the search box's words."""
+        self._timer.stop()
+        query = self.search.text().strip()
+        self.list.setRowCount(0)
+        self.list.setHorizontalHeaderLabels(_HIT_HEADERS if query else _LIST_HEADERS)
+        if query:
+            for hit in self.history.search(query):
+                self._add_hit(hit)
+        else:
+            for entry in self.history.entries():
+                self._add_entry(entry)
+        self.listed.emit()
+
+    def _add_entry(self, entry: Entry) -> None:
+        row = self.list.rowCount()
+        self.list.insertRow(row)
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.created))
+        for column, text in enumerate((when, format_duration(entry.duration_s), entry.title)):
+            self.list.setItem(row, column, _item(text, entry.id))
+
+    def _add_hit(self, hit: Hit) -> None:
+        row = self.list.rowCount()
+        self.list.insertRow(row)
+        snippet = html.escape(hit.marked("\x02", "\x03")).replace("\x02", "<b>").replace("\x03", "</b>")
+        for column, text in enumerate((hit.entry.title, format_duration(hit.start))):
+            self.list.setItem(row, column, _item(text, hit.entry.id, hit.start))
+        self.list.setItem(row, 2, _item("", hit.entry.id, hit.start))
+        label = QLabel(snippet)  # rich text: the matched words in bold
+        label.setTextFormat(Qt.TextFormat.RichText)
+        label.setWordWrap(True)
+        self.list.setCellWidget(row, 2, label)
+        self.list.resizeRowToContents(row)
+
+    def hit_text(self, row: int) -> str:
+        """A search hit's snippet as shown (rich text), for tests and screenshots."""
+        label = self.list.cellWidget(row, 2)
+        return label.text() if label is not None else ""
+
+    @Slot()
+    def _open_selected(self) -> None:
+        items = self.list.selectedItems()
+        if items:
+            self.open(items[0].data(_ID), items[0].data(_START))
+
+    def open(self, entry_id: int, at_s: float = 0.0) -> None:
+        """Shows a transcript with the line that holds `at_s` (seconds) selected and scrolled to."""
+        entry = self.history.entry(entry_id)
+        lines = self.history.lines(entry_id)
+        self.shown_id = entry_id
+        self.title.setText(f"<b>{html.escape(entry.title)}</b> · {format_duration(entry.duration_s)} · "
+                           f"{html.escape(entry.model)}{' · language ' + entry.language if entry.language else ''}")
+        self.lines.setRowCount(0)
+        for line in lines:
+            self._add_line(line)
+        self._set_actions(True)
+        row = next((k for k, line in enumerate(lines) if line.start <= at_s < max(line.end, line.start + 1e-3)),
+                   next((k for k, line in enumerate(lines) if line.start >= at_s), 0))
+        if lines:
+            self.lines.selectRow(row)
+            self.lines.scrollToItem(self.lines.item(row, 0), QAbstractItemView.ScrollHint.PositionAtCenter)
+
+    def _add_line(self, line: Line) -> None:
+        row = self.lines.rowCount()
+        self.lines.insertRow(row)
+        for column, text in enumerate((format_timestamp(line.start), format_timestamp(line.end), line.text)):
+            self.lines.setItem(row, column, _item(text, self.shown_id, line.start))
+        self.lines.resizeRowToContents(row)
+
+    def selected_line(self) -> int:
+        rows = self.lines.selectionModel().selectedRows()
+        return rows[0].row() if rows else -1
+
+    def _set_actions(self, enabled: bool) -> None:
+        for button in (self.rename_button, self.delete_button, *self.exports.values()):
+            button.setEnabled(enabled)
+
+    def _ask_rename(self) -> None:
+        if self.shown_id is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename transcript", "Title:",
+                                         text=self.history.entry(self.shown_id).title)
+        if ok:
+            self.rename(self.shown_id, title)
+
+    def rename(self, entry_id: int, title: str) -> None:
+        self._guarded(self.history.rename, entry_id, title)
+        self.refresh()
+        if self.shown_id == entry_id:
+            self.open(entry_id, self._selected_start())
+
+    @Slot()
+    def delete_shown(self) -> None:
+        if self.shown_id is None:
+            return
+        self._guarded(self.history.delete, self.shown_id)
+        self.shown_id = None
+        self.lines.setRowCount(0)
+        self.title.setText("Deleted.")
+        self._set_actions(False)
+        self.refresh()
+
+    def _selected_start(self) -> float:
+        row = self.selected_line()
+        return self.lines.item(row, 0).data(_START) if row >= 0 else 0.0
+
+    def _guarded(self, action, *args) -> None:
+        try:
+            action(*args)
+        except HistoryError as e:
+            self.failed.emit(str(e))

@@ -1,0 +1,266 @@
+"""The transcript library: every transcribed file and live session, kept and searchable (SQLite FTS5).
+
+One database, `<user data>/history.sqlite3` (the same folder as the live journal: $AURAL_USER_DATA_DIR or
+platformdirs' user data dir). A transcript is a row of `transcripts` (what, when, how long, which model and
+language) and its segments (start, end, text); an FTS5 index over the segments' text answers searches with
+the hit's time, so a hit opens its transcript there. Chinese and Japanese text has no spaces for FTS5's
+word tokenizer to split on, so a query in those scripts is matched as a substring instead.
+
+    history = History()
+    entry_id = history.add("file", "interview.mp3", segments, source="/home/me/interview.mp3",
+                           duration_s=812.0, model="whisper-tiny.en", language="en")
+    for hit in history.search("canoe"):
+        print(hit.entry.title, hit.start, hit.marked("<b>", "</b>"))
+    history.rename(entry_id, "Interview with Ada")
+    history.delete(entry_id)   # the live journal file goes with a live session
+
+Thread-safety: one History per thread (an sqlite3 connection is used by the thread that made it); several
+connections, threads or processes may use the same file (SQLite's locking; WAL journal).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import AuralError
+from .live.journal import user_data_dir
+
+__all__ = ["KINDS", "Entry", "History", "HistoryError", "Hit", "Line", "history_path"]
+
+KINDS = ("file", "live")
+_MARK_OPEN, _MARK_CLOSE = "\x02", "\x03"  # around a hit's words in Hit.snippet (see Hit.marked)
+_SNIPPET_TOKENS = 16  # words of context in a snippet (FTS5's snippet() allows 1 to 64)
+_UNSPACED = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS transcripts (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL CHECK (kind IN ('file', 'live')),
+    title TEXT NOT NULL,
+    source TEXT NOT NULL,
+    created REAL NOT NULL,
+    duration_s REAL,
+    model TEXT NOT NULL,
+    language TEXT NOT NULL,
+    journal TEXT
+);
+CREATE TABLE IF NOT EXISTS segments (
+    id INTEGER PRIMARY KEY,
+    transcript INTEGER NOT NULL REFERENCES transcripts (id) ON DELETE CASCADE,
+    start REAL NOT NULL,
+    "end" REAL NOT NULL,
+    text TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS segments_of ON segments (transcript, start);
+CREATE VIRTUAL TABLE IF NOT EXISTS segments_fts USING fts5 (
+    text, content='segments', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER IF NOT EXISTS segments_ai AFTER INSERT ON segments BEGIN
+    INSERT INTO segments_fts (rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS segments_ad AFTER DELETE ON segments BEGIN
+    INSERT INTO segments_fts (segments_fts, rowid, text) VALUES ('delete', old.id, old.text);
+END;
+"""
+_ENTRY_COLUMNS = "t.id, t.kind, t.title, t.source, t.created, t.duration_s, t.model, t.language, t.journal"
+
+
+class HistoryError(AuralError):
+    """The library cannot be read or written, or an entry does not exist."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One kept transcript.
+
+    Attributes:
+        id: its key in the library.
+        kind: "file" or "live".
+        title: what the list shows (a file's name, or "Live session" and its time, until renamed).
+        source: the file's path, or the live session's input device.
+        created: when it was transcribed (Unix seconds).
+        duration_s: the audio's length, None when unknown.
+        model, language: what transcribed it, in which language.
+        journal: a live session's journal file, None for files.
+    """
+
+    id: int
+    kind: str
+    title: str
+    source: str
+    created: float
+    duration_s: float | None
+    model: str
+    language: str
+    journal: str | None
+
+
+@dataclass(frozen=True)
+class Line:
+    """A kept segment: seconds from the start of the audio, and its text."""
+
+    start: float
+    end: float
+    text: str
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A segment that matches a search: its transcript, its time, and its text with the matched words
+    between \\x02 and \\x03 (see marked)."""
+
+    entry: Entry
+    start: float
+    end: float
+    snippet: str
+
+    def marked(self, open_mark: str, close_mark: str) -> str:
+        """The snippet with the matched words between the given marks (e.g. "<b>", "</b>" or "[", "]")."""
+        return self.snippet.replace(_MARK_OPEN, open_mark).replace(_MARK_CLOSE, close_mark)
+
+
+def history_path() -> Path:
+    return user_data_dir() / "history.sqlite3"
+
+
+def _match_expression(query: str) -> str | None:
+    """The user's words as an FTS5 query: every word must occur, the last may be a prefix (search as you
+    type). Words are quoted, so FTS5's operators and punctuation in the query are plain text."""
+    words = re.findall(r"\w+", query)
+    if not words:
+        return None
+    quoted = [f'"{w}"' for w in words]
+    quoted[-1] += "*"
+    return " ".join(quoted)
+
+
+class History:
+    """The library in one SQLite file (see the module docstring)."""
+
+    def __init__(self, path: Path | None = None, *, busy_timeout_s: float = 10.0):
+        """`busy_timeout_s`: how long a write waits for another connection's write to end."""
+        self.path = path or history_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None)  # transactions: _write
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as e:
+            raise HistoryError(f"cannot open the transcript library {self.path}: {e}") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def add(self, kind: str, title: str, lines: Iterable[Line], *, source: str, model: str, language: str,
+            duration_s: float | None = None, journal: str | None = None, created: float | None = None) -> int:
+        """Keeps a transcript (all its lines, in one transaction) and returns its id."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+        with self._write():
+            cur = self._db.execute(
+                "INSERT INTO transcripts (kind, title, source, created, duration_s, model, language, journal)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (kind, title, source, time.time() if created is None else created, duration_s, model, language,
+                 journal))
+            entry_id = cur.lastrowid
+            self._db.executemany('INSERT INTO segments (transcript, start, "end", text) VALUES (?, ?, ?, ?)',
+                                 ((entry_id, s.start, s.end, s.text.strip()) for s in lines))
+        return entry_id
+
+    def entries(self) -> list[Entry]:
+        """Every kept transcript, newest first."""
+        rows = self._db.execute(f"SELECT {_ENTRY_COLUMNS} FROM transcripts t ORDER BY t.created DESC, t.id DESC")
+        return [Entry(*row) for row in rows]
+
+    def entry(self, entry_id: int) -> Entry:
+        row = self._db.execute(f"SELECT {_ENTRY_COLUMNS} FROM transcripts t WHERE t.id = ?", (entry_id,)).fetchone()
+        if row is None:
+            raise HistoryError(f"no transcript {entry_id} in the library")
+        return Entry(*row)
+
+    def lines(self, entry_id: int) -> list[Line]:
+        """A transcript's lines in time order."""
+        self.entry(entry_id)
+        rows = self._db.execute('SELECT start, "end", text FROM segments WHERE transcript = ? ORDER BY start, id',
+                                (entry_id,))
+        return [Line(*row) for row in rows]
+
+    def search(self, query: str, limit: int = 100) -> Iterator[Hit]:
+        """Segments holding every word of `query` (the last as a prefix), best match first; in Chinese or
+        Japanese, segments holding the query as written, newest transcript first."""
+        if _UNSPACED.search(query):
+            yield from self._substring_hits(query.strip(), limit)
+            return
+        expression = _match_expression(query)
+        if expression is None:
+            return
+        rows = self._db.execute(
+            f"SELECT {_ENTRY_COLUMNS}, s.start, s.\"end\","
+            f" snippet(segments_fts, 0, '{_MARK_OPEN}', '{_MARK_CLOSE}', '…', {_SNIPPET_TOKENS})"
+            " FROM segments_fts JOIN segments s ON s.id = segments_fts.rowid JOIN transcripts t ON t.id = s.transcript"
+            " WHERE segments_fts MATCH ? ORDER BY bm25(segments_fts), t.created DESC, s.start LIMIT ?",
+            (expression, limit))
+        for row in rows:
+            yield Hit(Entry(*row[:9]), row[9], row[10], row[11])
+
+    def _substring_hits(self, needle: str, limit: int) -> Iterator[Hit]:
+        escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self._db.execute(
+            f"SELECT {_ENTRY_COLUMNS}, s.start, s.\"end\", s.text"
+            " FROM segments s JOIN transcripts t ON t.id = s.transcript"
+            " WHERE s.text LIKE ? ESCAPE '\\' ORDER BY t.created DESC, s.start LIMIT ?", (f"%{escaped}%", limit))
+        for row in rows:
+            yield Hit(Entry(*row[:9]), row[9], row[10], row[11].replace(needle, _MARK_OPEN + needle + _MARK_CLOSE))
+
+    def rename(self, entry_id: int, title: str) -> None:
+        title = title.strip()
+        if not title:
+            raise HistoryError("a transcript needs a title")
+        with self._write():
+            if self._db.execute("UPDATE transcripts SET title = ? WHERE id = ?", (title, entry_id)).rowcount == 0:
+                raise HistoryError(f"no transcript {entry_id} in the library")
+
+    def delete(self, entry_id: int) -> None:
+        """Forgets a transcript, and deletes a live session's journal file with it."""
+        entry = self.entry(entry_id)
+        with self._write():
+            self._db.execute("DELETE FROM transcripts WHERE id = ?", (entry_id,))
+        if entry.journal:
+            Path(entry.journal).unlink(missing_ok=True)
+
+    def _write(self):
+        """A transaction: committed when the block ends, rolled back if it raises; SQLite errors (a full
+        disk, a locked or damaged file) become one-line HistoryErrors."""
+        return _Transaction(self._db, self.path)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection, path: Path):
+        self._db, self._path = db, path
+
+    def __enter__(self) -> None:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")  # the write lock now: waits busy_timeout_s for another writer
+        except sqlite3.Error as e:
+            raise HistoryError(f"cannot write the transcript library {self._path}: {e}") from None
+
+    def __exit__(self, exc_type, exc, _tb) -> bool:
+        if exc_type is None:
+            self._db.commit()
+            return False
+        self._db.rollback()
+        if isinstance(exc, sqlite3.Error):
+            raise HistoryError(f"cannot write the transcript library {self._path}: {exc}") from None
+        return False

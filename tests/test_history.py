@@ -1,0 +1,157 @@
+"""The transcript library (engine.history): kept transcripts, full-text search, rename and delete, live
+sessions entering it when their journal closes, and `aural history`."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+import pytest
+from conftest import assert_one_error_line, run_cli
+
+from aural.engine.history import History, HistoryError, Line
+from aural.engine.live.journal import SessionJournal
+
+JFK = [Line(0.0, 2.9, " And so my fellow Americans,"), Line(3.3, 7.6, " ask not what your country can do for you,"),
+       Line(8.1, 10.6, " ask what you can do for your country.")]
+CANOE = [Line(0.0, 2.5, "The birch canoe slid on the smooth planks."), Line(2.5, 5.0, "Glue the sheet to the dark "
+         "blue background."), Line(61.0, 64.0, "Façade of the café, naïve.")]
+
+
+@pytest.fixture
+def history(tmp_path):
+    with History(tmp_path / "history.sqlite3") as h:
+        yield h
+
+
+def add(history, title, lines, kind="file", created=None, **fields):
+    return history.add(kind, title, lines, source=fields.get("source", f"/audio/{title}"), model="whisper-tiny.en",
+                       language=fields.get("language", "en"), duration_s=lines[-1].end, created=created)
+
+
+def test_transcripts_are_kept_with_their_lines_newest_first(history):
+    jfk = add(history, "jfk.wav", JFK, created=1000.0)
+    canoe = add(history, "canoe.wav", CANOE, created=2000.0)
+    assert [e.id for e in history.entries()] == [canoe, jfk]
+    entry = history.entry(jfk)
+    assert (entry.kind, entry.title, entry.source, entry.duration_s, entry.language) == \
+        ("file", "jfk.wav", "/audio/jfk.wav", 10.6, "en")
+    assert [line.text for line in history.lines(jfk)] == [line.text.strip() for line in JFK]
+    assert history.lines(canoe)[-1].start == 61.0
+
+
+def test_search_finds_every_word_the_last_as_a_prefix_and_marks_them(history):
+    jfk = add(history, "jfk.wav", JFK)
+    add(history, "canoe.wav", CANOE)
+    hits = list(history.search("your countr"))
+    assert {(h.entry.id, h.start) for h in hits} == {(jfk, 3.3), (jfk, 8.1)}
+    assert all("[your]" in h.marked("[", "]") and "[country" in h.marked("[", "]") for h in hits)
+    assert [h.start for h in history.search("CANOE smooth")] == [0.0]  # case does not matter
+    assert [h.start for h in history.search("facade cafe")] == [61.0]  # nor do accents
+    assert list(history.search("canoe country")) == []  # every word, in one segment
+
+
+def test_search_takes_any_text_as_plain_words(history):
+    add(history, "jfk.wav", JFK)
+    for query in ('"', "AND OR NOT (", "ask*", "country:", "-", "", "   ", "NEAR(ask not)"):
+        list(history.search(query))  # never an FTS5 syntax error
+    assert len(list(history.search("ask*"))) == 2
+
+
+def test_chinese_is_searched_as_written(history):
+    zh = add(history, "会议.wav", [Line(0.0, 2.0, "今天我们讨论预算"), Line(2.0, 4.0, "明天再讨论人员")], language="zh")
+    hits = list(history.search("讨论"))
+    assert [(h.entry.id, h.start) for h in hits] == [(zh, 0.0), (zh, 2.0)]
+    assert hits[0].marked("[", "]") == "今天我们[讨论]预算"
+    assert list(history.search("预算%")) == []  # LIKE's wildcards are plain characters
+
+
+def test_rename_and_delete(history, tmp_path):
+    journal = tmp_path / "session.jsonl"
+    journal.write_text("{}\n")
+    jfk = add(history, "jfk.wav", JFK)
+    live = history.add("live", "Live session", CANOE, source="app", model="m", language="", journal=str(journal))
+    history.rename(jfk, "  Kennedy, inaugural  ")
+    assert history.entry(jfk).title == "Kennedy, inaugural"
+    with pytest.raises(HistoryError, match="needs a title"):
+        history.rename(jfk, " ")
+    history.delete(live)
+    assert not journal.exists()
+    assert [e.id for e in history.entries()] == [jfk]
+    assert list(history.search("canoe")) == []  # its lines left the index too
+    for call in (lambda: history.entry(live), lambda: history.lines(live), lambda: history.delete(live),
+                 lambda: history.rename(live, "x")):
+        with pytest.raises(HistoryError, match=f"no transcript {live}"):
+            call()
+
+
+def test_a_library_that_cannot_be_written_says_so_and_keeps_what_it_had(tmp_path):
+    path = tmp_path / "history.sqlite3"
+    with History(path, busy_timeout_s=0.1) as history:
+        jfk = add(history, "jfk.wav", JFK)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN EXCLUSIVE")  # another process in the middle of a write
+        with pytest.raises(HistoryError, match="cannot write the transcript library .*locked"):
+            add(history, "canoe.wav", CANOE)
+        other.rollback()
+        assert [e.id for e in history.entries()] == [jfk]
+        add(history, "canoe.wav", CANOE)  # the failed write left nothing half done
+        assert len(history.entries()) == 2
+    damaged = tmp_path / "damaged.sqlite3"
+    damaged.write_bytes(b"not a database" * 100)
+    with pytest.raises(HistoryError, match="cannot open the transcript library"):
+        History(damaged)
+
+
+def test_a_closed_live_session_enters_the_library_beside_its_journal(tmp_path):
+    journal = SessionJournal(model="whisper-tiny.en", source="aural live", directory=tmp_path / "sessions")
+    journal.append("ask not what your country can do for you", 3.3, 7.6)
+    journal.append("ask what you can do for your country", 8.1, 10.6)
+    journal.close()
+    SessionJournal(source="aural live", directory=tmp_path / "sessions").close()  # nothing said: nothing kept
+    with History(tmp_path / "history.sqlite3") as history:
+        [entry] = history.entries()
+        assert (entry.kind, entry.model, entry.source, entry.journal) == \
+            ("live", "whisper-tiny.en", "aural live", str(journal.path))
+        assert entry.title.startswith("Live session 20") and entry.duration_s == 10.6
+        assert sorted(h.start for h in history.search("country")) == [3.3, 8.1]
+
+
+def test_a_live_session_is_journaled_even_when_the_library_is_damaged(tmp_path, caplog):
+    (tmp_path / "history.sqlite3").write_bytes(b"not a database" * 100)
+    journal = SessionJournal(source="app", directory=tmp_path / "sessions")
+    journal.append("still on disk", 0.0, 1.0)
+    journal.close()
+    assert "still on disk" in journal.path.read_text()
+    assert "cannot open the transcript library" in caplog.text
+
+
+def test_the_cli_lists_searches_shows_renames_and_deletes(tmp_path):
+    env = {**os.environ, "AURAL_USER_DATA_DIR": str(tmp_path)}
+    with History(tmp_path / "history.sqlite3") as history:
+        jfk = add(history, "jfk.wav", JFK)
+        canoe = add(history, "canoe.wav", CANOE)
+    listed = run_cli(env, "history", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == [str(canoe), str(jfk)]
+    found = run_cli(env, "history", "search", "your", "country")
+    assert sorted(found.stdout.splitlines()) == [
+        f"{jfk:>5}      0:03  jfk.wav: ask not what [your] [country] can do for you,",
+        f"{jfk:>5}      0:08  jfk.wav: ask what you can do for [your] [country]."]
+    shown = run_cli(env, "history", "show", str(canoe))
+    assert shown.stdout.splitlines()[0] == "canoe.wav"
+    assert shown.stdout.splitlines()[3] == "[1:01 - 1:04] Façade of the café, naïve."
+    assert run_cli(env, "history", "rename", str(jfk), "Kennedy").returncode == 0
+    assert run_cli(env, "history", "rm", str(canoe)).stdout == f"Deleted {canoe} (canoe.wav).\n"
+    assert [line.split()[-1] for line in run_cli(env, "history", "list").stdout.splitlines()] == ["Kennedy"]
+    assert_one_error_line(run_cli(env, "history", "show", str(canoe)), f"no transcript {canoe}")
+
+
+def test_two_connections_share_the_file(tmp_path):
+    path = tmp_path / "history.sqlite3"
+    with History(path) as a, History(path) as b:
+        jfk = add(a, "jfk.wav", JFK)
+        assert [e.id for e in b.entries()] == [jfk]
+        b.delete(jfk)
+        assert a.entries() == []
+    assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone() == ("ok",)
