@@ -12,6 +12,8 @@ word tokenizer to split on, so a query in those scripts is matched as a substrin
     for hit in history.search("canoe"):
         print(hit.entry.title, hit.start, hit.marked("<b>", "</b>"))
     history.rename(entry_id, "Interview with Ada")
+    line = history.lines(entry_id)[3]
+    history.edit(line.id, "Ada Lovelace said so.")   # history.revert(line.id) brings the words back
     history.delete(entry_id)   # the live journal file goes with a live session
 
 Thread-safety: one History per thread (an sqlite3 connection is used by the thread that made it); several
@@ -54,7 +56,8 @@ CREATE TABLE IF NOT EXISTS segments (
     transcript INTEGER NOT NULL REFERENCES transcripts (id) ON DELETE CASCADE,
     start REAL NOT NULL,
     "end" REAL NOT NULL,
-    text TEXT NOT NULL
+    text TEXT NOT NULL,  -- as shown, searched and exported: the user's edit where there is one
+    original TEXT  -- the transcribed text of an edited segment, NULL while unedited
 );
 CREATE INDEX IF NOT EXISTS segments_of ON segments (transcript, start);
 CREATE VIRTUAL TABLE IF NOT EXISTS segments_fts USING fts5 (
@@ -66,6 +69,11 @@ END;
 CREATE TRIGGER IF NOT EXISTS segments_ad AFTER DELETE ON segments BEGIN
     INSERT INTO segments_fts (segments_fts, rowid, text) VALUES ('delete', old.id, old.text);
 END;
+CREATE TRIGGER IF NOT EXISTS segments_au AFTER UPDATE OF text ON segments BEGIN
+    INSERT INTO segments_fts (segments_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO segments_fts (rowid, text) VALUES (new.id, new.text);
+END;
+PRAGMA user_version = 1;
 """
 _ENTRY_COLUMNS = "t.id, t.kind, t.title, t.source, t.created, t.duration_s, t.model, t.language, t.journal"
 
@@ -102,11 +110,14 @@ class Entry:
 
 @dataclass(frozen=True)
 class Line:
-    """A kept segment: seconds from the start of the audio, and its text."""
+    """A kept segment: seconds from the start of the audio, its text, and as read back its id and, once
+    edited, the transcribed text (the edit is `text`)."""
 
     start: float
     end: float
     text: str
+    id: int = 0
+    original: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,8 +204,8 @@ class History:
     def lines(self, entry_id: int) -> list[Line]:
         """A transcript's lines in time order."""
         self.entry(entry_id)
-        rows = self._db.execute('SELECT start, "end", text FROM segments WHERE transcript = ? ORDER BY start, id',
-                                (entry_id,))
+        rows = self._db.execute('SELECT start, "end", text, id, original FROM segments WHERE transcript = ?'
+                                " ORDER BY start, id", (entry_id,))
         return [Line(*row) for row in rows]
 
     def search(self, query: str, limit: int = 100) -> Iterator[Hit]:
@@ -231,6 +242,21 @@ class History:
         with self._write():
             if self._db.execute("UPDATE transcripts SET title = ? WHERE id = ?", (title, entry_id)).rowcount == 0:
                 raise HistoryError(f"no transcript {entry_id} in the library")
+
+    def edit(self, line_id: int, text: str) -> None:
+        """Replaces a line's text; the transcribed text is kept for `revert`. Search and exports use the
+        edit."""
+        text = text.strip()
+        with self._write():
+            if self._db.execute("UPDATE segments SET original = COALESCE(original, text), text = ? WHERE id = ?",
+                                (text, line_id)).rowcount == 0:
+                raise HistoryError(f"no line {line_id} in the library")
+
+    def revert(self, line_id: int) -> None:
+        """Gives an edited line its transcribed text back."""
+        with self._write():
+            self._db.execute("UPDATE segments SET text = original, original = NULL"
+                             " WHERE id = ? AND original IS NOT NULL", (line_id,))
 
     def delete(self, entry_id: int) -> None:
         """Forgets a transcript, and deletes a live session's journal file with it."""

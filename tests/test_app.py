@@ -181,8 +181,8 @@ def test_dropped_file_is_transcribed_shown_and_exported(window, settings, qtbot,
     assert '"segments"' in saved.read_text(encoding="utf-8")
 
 
-def test_finished_files_are_kept_and_a_search_hit_opens_its_transcript_at_the_hit(window, qtbot, jfk_wav, data_dir,
-                                                                                   tmp_path, monkeypatch):
+def test_finished_files_are_kept_searched_edited_and_a_hit_opens_its_transcript_at_the_hit(
+        window, qtbot, jfk_wav, data_dir, tmp_path, monkeypatch):
     for path in (jfk_wav, data_dir / "en_libri_1089-134691-0000.flac"):
         with qtbot.waitSignal(window.files.kept, timeout=FILE_S):
             window.add_files([str(path)])
@@ -215,6 +215,17 @@ def test_finished_files_are_kept_and_a_search_hit_opens_its_transcript_at_the_hi
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), "Text (*.txt)"))
     qtbot.mouseClick(view.exports["txt"], Qt.MouseButton.LeftButton)
     assert "wait no longer" in normalized(out.read_text(encoding="utf-8"))
+    assert not view.revert_button.isEnabled()
+    view.edit_line(view.selected_line(), "He could wait no longer, said Stephen.")  # a name the model missed
+    assert view.revert_button.isEnabled()
+    qtbot.mouseClick(view.exports["txt"], Qt.MouseButton.LeftButton)  # the edit goes out with the export
+    assert out.read_text(encoding="utf-8").strip() == "He could wait no longer, said Stephen."
+    with qtbot.waitSignal(view.listed):
+        view.search.setText("stephen")
+    assert view.list.rowCount() == 1
+    view.revert_button.click()
+    qtbot.mouseClick(view.exports["txt"], Qt.MouseButton.LeftButton)
+    assert "stephen" not in normalized(out.read_text(encoding="utf-8"))
     view.rename(view.shown_id, "He could wait")
     view.search.clear()
     view.refresh()

@@ -85,6 +85,27 @@ def test_rename_and_delete(history, tmp_path):
             call()
 
 
+def test_an_edit_is_searched_and_read_back_and_revert_brings_the_words_back(history):
+    jfk = add(history, "jfk.wav", JFK)
+    line = history.lines(jfk)[1]
+    assert line.original is None
+    history.edit(line.id, "  ask not what your nation can do for you,  ")
+    edited = history.lines(jfk)[1]
+    assert (edited.text, edited.original) == ("ask not what your nation can do for you,", line.text)
+    assert [h.start for h in history.search("nation")] == [3.3]
+    assert [h.start for h in history.search("country")] == [8.1]  # the edited line no longer says it
+    history.edit(line.id, "ask not what your land can do for you,")  # a second edit keeps the first original
+    assert history.lines(jfk)[1].original == line.text
+    history.revert(line.id)
+    assert history.lines(jfk)[1] == line
+    assert sorted(h.start for h in history.search("country")) == [3.3, 8.1]
+    assert list(history.search("nation")) == [] and list(history.search("land")) == []
+    history.revert(line.id)  # an unedited line stays as it is
+    assert history.lines(jfk)[1] == line
+    with pytest.raises(HistoryError, match="no line 999"):
+        history.edit(999, "x")
+
+
 def test_a_library_that_cannot_be_written_says_so_and_keeps_what_it_had(tmp_path):
     path = tmp_path / "history.sqlite3"
     with History(path, busy_timeout_s=0.1) as history:

@@ -1,5 +1,7 @@
 """The History tab: every kept transcript (engine.history), a search over all of them, and the chosen one's
-lines. A search hit opens its transcript with the hit's line selected."""
+lines. A search hit opens its transcript with the hit's line selected. A line's text is edited in place
+(double-click or F2): the edit is kept in the library, searched and exported, and Revert line gives the
+transcribed words back."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ __all__ = ["HistoryView"]
 _SEARCH_DELAY_MS = 200  # typing pauses this long before the search runs: one query per word, not per key
 _LIST_HEADERS = ("When", "Length", "Transcript")
 _HIT_HEADERS = ("Transcript", "At", "Match")
-_ID, _START = Qt.ItemDataRole.UserRole, Qt.ItemDataRole.UserRole + 1
+# Item data: the transcript's id, the line's start (s), the line's id, an edited line's transcribed words.
+_ID, _START, _LINE, _ORIGINAL = (Qt.ItemDataRole.UserRole + k for k in range(4))
+_TEXT = 2  # the lines' text column, the one a user edits
 
 
 def _item(text: str, entry_id: int, start: float = 0.0) -> QTableWidgetItem:
@@ -57,6 +61,13 @@ class HistoryView(QWidget):
         self.title.setObjectName("historyTitle")
         self.title.setWordWrap(True)
         self.lines = self._table(("Start", "End", "Text"))
+        self.lines.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
+                                   | QAbstractItemView.EditTrigger.EditKeyPressed)
+        self.lines.itemChanged.connect(self._on_line_edited)
+        self.lines.itemSelectionChanged.connect(self._show_line_actions)
+        self.revert_button = QPushButton("Revert line")
+        self.revert_button.setToolTip("Give the selected line its transcribed words back")
+        self.revert_button.clicked.connect(self.revert_selected)
         self.rename_button = QPushButton("Rename…")
         self.rename_button.clicked.connect(self._ask_rename)
         self.delete_button = QPushButton("Delete")
@@ -98,6 +109,7 @@ class HistoryView(QWidget):
         buttons = QHBoxLayout()
         buttons.addWidget(self.rename_button)
         buttons.addWidget(self.delete_button)
+        buttons.addWidget(self.revert_button)
         buttons.addStretch(1)
         buttons.addWidget(QLabel("Export:"))
         for button in self.exports.values():
@@ -179,9 +191,59 @@ class HistoryView(QWidget):
     def _add_line(self, line: Line) -> None:
         row = self.lines.rowCount()
         self.lines.insertRow(row)
+        self.lines.blockSignals(True)  # filling the table is no edit
         for column, text in enumerate((format_timestamp(line.start), format_timestamp(line.end), line.text)):
-            self.lines.setItem(row, column, _item(text, self.shown_id, line.start))
+            item = _item(text, self.shown_id, line.start)
+            item.setData(_LINE, line.id)
+            if column != _TEXT:
+                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
+            self.lines.setItem(row, column, item)
+        self.lines.blockSignals(False)
+        self._mark_edited(row, line.original)
         self.lines.resizeRowToContents(row)
+
+    def _mark_edited(self, row: int, original: str | None) -> None:
+        """An edited line in italics, its transcribed words in the tooltip."""
+        item = self.lines.item(row, _TEXT)
+        self.lines.blockSignals(True)
+        font = item.font()
+        font.setItalic(original is not None)
+        item.setFont(font)
+        item.setData(_ORIGINAL, original)
+        item.setToolTip(f"Edited. Transcribed: {original}" if original is not None else "Double-click to edit")
+        self.lines.blockSignals(False)
+
+    @Slot(QTableWidgetItem)
+    def _on_line_edited(self, item: QTableWidgetItem) -> None:
+        if item.column() != _TEXT or self.shown_id is None:
+            return
+        self._guarded(self.history.edit, item.data(_LINE), item.text())
+        self._restyle(item.row())
+
+    def _restyle(self, row: int) -> None:
+        line_id = self.lines.item(row, _TEXT).data(_LINE)
+        line = next(ln for ln in self.history.lines(self.shown_id) if ln.id == line_id)
+        self.lines.blockSignals(True)
+        self.lines.item(row, _TEXT).setText(line.text)
+        self.lines.blockSignals(False)
+        self._mark_edited(row, line.original)
+        self._show_line_actions()
+
+    def edit_line(self, row: int, text: str) -> None:
+        """What a user's edit of line `row` does (tests and scripts)."""
+        self.lines.item(row, _TEXT).setText(text)
+
+    @Slot()
+    def revert_selected(self) -> None:
+        row = self.selected_line()
+        if row >= 0:
+            self._guarded(self.history.revert, self.lines.item(row, _TEXT).data(_LINE))
+            self._restyle(row)
+
+    @Slot()
+    def _show_line_actions(self) -> None:
+        row = self.selected_line()
+        self.revert_button.setEnabled(row >= 0 and self.lines.item(row, _TEXT).data(_ORIGINAL) is not None)
 
     def selected_line(self) -> int:
         rows = self.lines.selectionModel().selectedRows()
@@ -190,6 +252,7 @@ class HistoryView(QWidget):
     def _set_actions(self, enabled: bool) -> None:
         for button in (self.rename_button, self.delete_button, *self.exports.values()):
             button.setEnabled(enabled)
+        self._show_line_actions()
 
     def _ask_rename(self) -> None:
         if self.shown_id is None:
