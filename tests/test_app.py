@@ -235,6 +235,31 @@ def test_finished_files_are_kept_searched_edited_and_a_hit_opens_its_transcript_
     assert [view.list.item(row, 2).text() for row in range(view.list.rowCount())] == [jfk_wav.name]
 
 
+def test_a_kept_file_plays_the_line_being_heard_is_marked_and_a_click_plays_from_a_line(window, qtbot, jfk_wav):
+    with qtbot.waitSignal(window.files.kept, timeout=FILE_S) as kept:
+        window.add_files([str(jfk_wav)])
+    window.tabs.setCurrentIndex(window.history_tab)
+    view, player = window.history_view, window.history_view.player
+    view.open(kept.args[0])
+    starts = [view.lines.item(row, 0).data(Qt.ItemDataRole.UserRole + 1) for row in range(view.lines.rowCount())]
+    assert len(starts) >= 2 and starts[0] < 1.0
+    player.set_rate(2.0)
+    qtbot.mouseClick(player.play_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: player.play_button.text() == "Pause")
+    # The mark follows the audio: the last line starts before the clip's 11 s end.
+    qtbot.waitUntil(lambda: view.heard_line() == len(starts) - 1, timeout=15_000)
+    assert player.position_s >= starts[-1] - 0.5
+    view.lines.setFocus()
+    qtbot.keyClick(view.lines, Qt.Key.Key_K)  # pause, as media players do
+    qtbot.waitUntil(lambda: not player.playing and player.play_button.text() == "Play")
+    first = view.lines.item(0, 2)
+    qtbot.mouseClick(view.lines.viewport(), Qt.MouseButton.LeftButton, pos=view.lines.visualItemRect(first).center())
+    qtbot.waitUntil(lambda: view.heard_line() == 0)
+    assert player.position_s <= starts[1]
+    qtbot.keyClick(view.lines, Qt.Key.Key_L)  # 5 s on
+    qtbot.waitUntil(lambda: player.position_s >= starts[0] + 4.5)
+
+
 def test_cancel_a_running_file(window, qtbot, data_dir):
     assert drop_files(window, [data_dir / "en_librivox_shakespeare_sonnet001.mp3"])
     job = last_job(window)

@@ -1,14 +1,18 @@
 """The History tab: every kept transcript (engine.history), a search over all of them, and the chosen one's
 lines. A search hit opens its transcript with the hit's line selected. A line's text is edited in place
 (double-click or F2): the edit is kept in the library, searched and exported, and Revert line gives the
-transcribed words back."""
+transcribed words back. A file's transcript plays its audio (player.TranscriptPlayer): the line being heard
+is marked, and a click on a line plays from there."""
 
 from __future__ import annotations
 
 import html
 import time
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit,
                                QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
@@ -17,6 +21,7 @@ from aural.engine.text.writers import format_timestamp
 
 from .file_result import EXPORT_FORMATS
 from .file_queue import format_duration
+from .player import TranscriptPlayer
 
 __all__ = ["HistoryView"]
 
@@ -26,6 +31,7 @@ _HIT_HEADERS = ("Transcript", "At", "Match")
 # Item data: the transcript's id, the line's start (s), the line's id, an edited line's transcribed words.
 _ID, _START, _LINE, _ORIGINAL = (Qt.ItemDataRole.UserRole + k for k in range(4))
 _TEXT = 2  # the lines' text column, the one a user edits
+_HEARD = QColor(255, 196, 0, 70)  # the background of the line being played: a translucent amber on either theme
 
 
 def _item(text: str, entry_id: int, start: float = 0.0) -> QTableWidgetItem:
@@ -65,6 +71,11 @@ class HistoryView(QWidget):
                                    | QAbstractItemView.EditTrigger.EditKeyPressed)
         self.lines.itemChanged.connect(self._on_line_edited)
         self.lines.itemSelectionChanged.connect(self._show_line_actions)
+        self.lines.itemClicked.connect(self._play_from)
+        self.player = TranscriptPlayer(self)
+        self.player.position_changed.connect(self._mark_heard)
+        self.player.failed.connect(self.failed)
+        self._heard = -1  # the row marked as being played
         self.revert_button = QPushButton("Revert line")
         self.revert_button.setToolTip("Give the selected line its transcribed words back")
         self.revert_button.clicked.connect(self.revert_selected)
@@ -106,6 +117,7 @@ class HistoryView(QWidget):
         column.setContentsMargins(0, 0, 0, 0)
         column.addWidget(self.title)
         column.addWidget(self.lines, 1)
+        column.addWidget(self.player)
         buttons = QHBoxLayout()
         buttons.addWidget(self.rename_button)
         buttons.addWidget(self.delete_button)
@@ -120,6 +132,7 @@ class HistoryView(QWidget):
         split.addWidget(right)
         split.setStretchFactor(0, 2)
         split.setStretchFactor(1, 3)
+        split.setSizes([400, 600])  # the hits' snippets need room from the start
         layout = QVBoxLayout()
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(split)
@@ -138,6 +151,7 @@ class HistoryView(QWidget):
         else:
             for entry in self.history.entries():
                 self._add_entry(entry)
+        self._fit_rows()
         self.listed.emit()
 
     def _add_entry(self, entry: Entry) -> None:
@@ -158,7 +172,16 @@ class HistoryView(QWidget):
         label.setTextFormat(Qt.TextFormat.RichText)
         label.setWordWrap(True)
         self.list.setCellWidget(row, 2, label)
-        self.list.resizeRowToContents(row)
+
+    def _fit_rows(self) -> None:
+        """Row heights once the columns have their widths: a hit's snippet (a label, which the table does not
+        measure) wraps whole."""
+        self.list.resizeRowsToContents()
+        for row in range(self.list.rowCount()):
+            label = self.list.cellWidget(row, 2)
+            if label is not None:
+                height = label.heightForWidth(self.list.columnWidth(2)) + 4
+                self.list.setRowHeight(row, max(self.list.rowHeight(row), height))
 
     def hit_text(self, row: int) -> str:
         """A search hit's snippet as shown (rich text), for tests and screenshots."""
@@ -179,9 +202,13 @@ class HistoryView(QWidget):
         self.title.setText(f"<b>{html.escape(entry.title)}</b> · {format_duration(entry.duration_s)} · "
                            f"{html.escape(entry.model)}{' · language ' + entry.language if entry.language else ''}")
         self.lines.setRowCount(0)
+        self._heard = -1
         for line in lines:
             self._add_line(line)
         self._set_actions(True)
+        audio = Path(entry.source)
+        self.player.load(audio if entry.kind == "file" and audio.is_file() else None)
+        self.player.seek(at_s)
         row = next((k for k, line in enumerate(lines) if line.start <= at_s < max(line.end, line.start + 1e-3)),
                    next((k for k, line in enumerate(lines) if line.start >= at_s), 0))
         if lines:
@@ -245,6 +272,33 @@ class HistoryView(QWidget):
         row = self.selected_line()
         self.revert_button.setEnabled(row >= 0 and self.lines.item(row, _TEXT).data(_ORIGINAL) is not None)
 
+    @Slot(QTableWidgetItem)
+    def _play_from(self, item: QTableWidgetItem) -> None:
+        self.player.seek(item.data(_START))
+
+    @Slot(float)
+    def _mark_heard(self, seconds: float) -> None:
+        """Marks the line that holds `seconds` (the last one started before it, between lines)."""
+        row = -1
+        for k in range(self.lines.rowCount()):
+            if self.lines.item(k, 0).data(_START) > seconds:
+                break
+            row = k
+        if row == self._heard:
+            return
+        self.lines.blockSignals(True)  # a colour is no edit
+        for k, brush in ((self._heard, QBrush()), (row, QBrush(_HEARD))):
+            for column in range(self.lines.columnCount()) if k >= 0 else ():
+                self.lines.item(k, column).setBackground(brush)
+        self.lines.blockSignals(False)
+        self._heard = row
+        if row >= 0 and self.player.playing:
+            self.lines.scrollToItem(self.lines.item(row, 0))
+
+    def heard_line(self) -> int:
+        """The row marked as being played, -1 when none."""
+        return self._heard
+
     def selected_line(self) -> int:
         rows = self.lines.selectionModel().selectedRows()
         return rows[0].row() if rows else -1
@@ -275,6 +329,7 @@ class HistoryView(QWidget):
         self._guarded(self.history.delete, self.shown_id)
         self.shown_id = None
         self.lines.setRowCount(0)
+        self.player.load(None)
         self.title.setText("Deleted.")
         self._set_actions(False)
         self.refresh()
