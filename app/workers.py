@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from aural.engine.errors import AuralError
 from aural.engine.features import N_FRAMES, N_SAMPLES, window_mel
-from aural.engine.history import History, HistoryError, Line
+from aural.engine.history import History, HistoryError, Line, TimedWord
 from aural.engine.live.mix import MixSource
 from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
 from aural.engine.models.download import TransferRate
@@ -324,13 +324,19 @@ class FileWorker(_Reporter):
         and the transcript stays in the queue as it is."""
         try:
             with History() as history:
-                entry_id = history.add("file", path.name, [Line(s.start, s.end, s.text) for s in segments],
+                entry_id = history.add("file", path.name, [_line(s) for s in segments],
                                        source=str(path), model=info.model, language=info.language,
                                        duration_s=info.duration_s)
         except HistoryError as e:
             self.not_kept.emit(str(e))
             return
         self.kept.emit(entry_id)
+
+
+def _line(segment) -> Line:
+    """A transcribed segment as the library keeps it, with its words' times when they were asked for."""
+    words = tuple(TimedWord(w.start, w.end, w.word) for w in segment.words or ())
+    return Line(segment.start, segment.end, segment.text, words)
 
 
 class MeteredSource:

@@ -22,6 +22,7 @@ connections, threads or processes may use the same file (SQLite's locking; WAL j
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import time
@@ -32,7 +33,7 @@ from pathlib import Path
 from .errors import AuralError
 from .live.journal import user_data_dir
 
-__all__ = ["KINDS", "Entry", "History", "HistoryError", "Hit", "Line", "history_path"]
+__all__ = ["KINDS", "Entry", "History", "HistoryError", "Hit", "Line", "TimedWord", "history_path"]
 
 KINDS = ("file", "live")
 _MARK_OPEN, _MARK_CLOSE = "\x02", "\x03"  # around a hit's words in Hit.snippet (see Hit.marked)
@@ -57,7 +58,8 @@ CREATE TABLE IF NOT EXISTS segments (
     start REAL NOT NULL,
     "end" REAL NOT NULL,
     text TEXT NOT NULL,  -- as shown, searched and exported: the user's edit where there is one
-    original TEXT  -- the transcribed text of an edited segment, NULL while unedited
+    original TEXT,  -- the transcribed text of an edited segment, NULL while unedited
+    words TEXT  -- JSON [[start, end, word], ...] of the transcribed text, NULL without word timestamps
 );
 CREATE INDEX IF NOT EXISTS segments_of ON segments (transcript, start);
 CREATE VIRTUAL TABLE IF NOT EXISTS segments_fts USING fts5 (
@@ -109,15 +111,30 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class TimedWord:
+    """A word of a line with its time in seconds (its text with Whisper's leading space)."""
+
+    start: float
+    end: float
+    word: str
+
+
+@dataclass(frozen=True)
 class Line:
-    """A kept segment: seconds from the start of the audio, its text, and as read back its id and, once
-    edited, the transcribed text (the edit is `text`)."""
+    """A kept segment: seconds from the start of the audio, its text, its words where the transcription
+    timed them, and as read back its id and, once edited, the transcribed text (the edit is `text`)."""
 
     start: float
     end: float
     text: str
+    words: tuple[TimedWord, ...] = ()
     id: int = 0
     original: str | None = None
+
+    @property
+    def timed_words(self) -> tuple[TimedWord, ...]:
+        """The words whose times still describe `text`: none once the line is edited."""
+        return self.words if self.original is None else ()
 
 
 @dataclass(frozen=True)
@@ -133,6 +150,14 @@ class Hit:
     def marked(self, open_mark: str, close_mark: str) -> str:
         """The snippet with the matched words between the given marks (e.g. "<b>", "</b>" or "[", "]")."""
         return self.snippet.replace(_MARK_OPEN, open_mark).replace(_MARK_CLOSE, close_mark)
+
+
+def _words_json(words) -> str | None:
+    return json.dumps([[round(w.start, 3), round(w.end, 3), w.word] for w in words]) if words else None
+
+
+def _words_of(text: str | None) -> tuple[TimedWord, ...]:
+    return tuple(TimedWord(*w) for w in json.loads(text)) if text else ()
 
 
 def history_path() -> Path:
@@ -186,8 +211,9 @@ class History:
                 (kind, title, source, time.time() if created is None else created, duration_s, model, language,
                  journal))
             entry_id = cur.lastrowid
-            self._db.executemany('INSERT INTO segments (transcript, start, "end", text) VALUES (?, ?, ?, ?)',
-                                 ((entry_id, s.start, s.end, s.text.strip()) for s in lines))
+            self._db.executemany(
+                'INSERT INTO segments (transcript, start, "end", text, words) VALUES (?, ?, ?, ?, ?)',
+                ((entry_id, s.start, s.end, s.text.strip(), _words_json(s.words)) for s in lines))
         return entry_id
 
     def entries(self) -> list[Entry]:
@@ -204,9 +230,10 @@ class History:
     def lines(self, entry_id: int) -> list[Line]:
         """A transcript's lines in time order."""
         self.entry(entry_id)
-        rows = self._db.execute('SELECT start, "end", text, id, original FROM segments WHERE transcript = ?'
+        rows = self._db.execute('SELECT start, "end", text, words, id, original FROM segments WHERE transcript = ?'
                                 " ORDER BY start, id", (entry_id,))
-        return [Line(*row) for row in rows]
+        return [Line(start, end, text, _words_of(words), line_id, original)
+                for start, end, text, words, line_id, original in rows]
 
     def search(self, query: str, limit: int = 100) -> Iterator[Hit]:
         """Segments holding every word of `query` (the last as a prefix), best match first; in Chinese or

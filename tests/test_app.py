@@ -235,9 +235,11 @@ def test_finished_files_are_kept_searched_edited_and_a_hit_opens_its_transcript_
     assert [view.list.item(row, 2).text() for row in range(view.list.rowCount())] == [jfk_wav.name]
 
 
-def test_a_kept_file_plays_the_line_being_heard_is_marked_and_a_click_plays_from_a_line(window, qtbot, jfk_wav):
+def test_a_kept_file_plays_the_line_and_word_being_heard_are_marked_and_a_click_plays_from_a_line(
+        window, settings, qtbot, jfk_wav):
+    settings.set(Key.WORD_TIMESTAMPS, True)
     with qtbot.waitSignal(window.files.kept, timeout=FILE_S) as kept:
-        window.add_files([str(jfk_wav)])
+        window.add_files([str(jfk_wav)])  # with the Preferences as they are now
     window.tabs.setCurrentIndex(window.history_tab)
     view, player = window.history_view, window.history_view.player
     view.open(kept.args[0])
@@ -249,6 +251,10 @@ def test_a_kept_file_plays_the_line_being_heard_is_marked_and_a_click_plays_from
     # The mark follows the audio: the last line starts before the clip's 11 s end.
     qtbot.waitUntil(lambda: view.heard_line() == len(starts) - 1, timeout=15_000)
     assert player.position_s >= starts[-1] - 0.5
+    qtbot.waitUntil(lambda: view.heard_word() is not None)  # the word being heard, by its timestamps
+    word = view.heard_word()
+    assert word.start <= player.position_s + 0.1 and word.word.strip() in view.lines.item(view.heard_line(), 2).text()
+    assert f"{word.word.strip()}</span>" in view.heard_html(view.heard_line())
     view.lines.setFocus()
     qtbot.keyClick(view.lines, Qt.Key.Key_K)  # pause, as media players do
     qtbot.waitUntil(lambda: not player.playing and player.play_button.text() == "Play")

@@ -10,7 +10,8 @@ Then 4. the Models dialog mid-download, in this process on Qt's offscreen platfo
 exported to a whisper.cpp file and served slowly by tests/model_mirror.py on loopback, into a scratch cache;
 5. the input picker open, offscreen too, listing a private PulseAudio daemon's sources (tests/audio_harness.py:
 a microphone source and the monitors of two outputs, named as a laptop's are) with pactl, as the app does;
-6. the History tab, offscreen: the files of run 2 transcribed into a scratch library, searched.
+6. the History tab, offscreen: the files of run 2 transcribed (with word timestamps) into a scratch library,
+searched, and the first hit played for a moment.
 Prints launch -> window shown (polled with xwininfo) and Start -> first partial (the app's own log line,
 timed from the moment captioning could begin, i.e. after the model loaded). Needs Xvfb, xwininfo and
 ImageMagick's `import` (tools/sysdeps.sh installs them).
@@ -43,6 +44,7 @@ MIRROR_MODEL = "mirror-tiny.en"  # the mirror's catalog names tiny.en's export s
 MODELS_SHOT_AT = 0.4  # the fraction downloaded when the Models dialog is shot
 SCENES = ("live", "files", "captions", "models", "picker", "history")
 HISTORY_QUERY = "your country"  # the history scene's search: two of JFK's segments
+HISTORY_PLAY_TO_S = 8.6  # the history scene plays the first hit (at 8 s) until here
 # The picker scene's sound server: a microphone and two outputs, described as a laptop's sound card names them.
 PICKER_MODULES = (
     ("module-null-source", "source_name=alsa_input.usb-046d_HD_Webcam_C615-02.mono-fallback",
@@ -299,8 +301,11 @@ def shoot_history(out: Path, config: Path) -> dict[str, float]:
 
     app = QApplication.instance() or QApplication(["aural"])
     apply_theme(app)
-    window = build_window(Settings(QSettings(str(config / "history-scene.ini"), QSettings.Format.IniFormat)),
-                          catalog=Catalog(input_devices=lambda: [], pactl=""))
+    from aural.app.settings import Key
+
+    settings = Settings(QSettings(str(config / "history-scene.ini"), QSettings.Format.IniFormat))
+    settings.set(Key.WORD_TIMESTAMPS, True)  # the word being heard is marked as it plays
+    window = build_window(settings, catalog=Catalog(input_devices=lambda: [], pactl=""))
     window.resize(1100, 640)
     window.show()
     kept: list[int] = []
@@ -314,6 +319,10 @@ def shoot_history(out: Path, config: Path) -> dict[str, float]:
     view.refresh()
     search_s = time.monotonic() - started
     view.list.selectRow(0)
+    view.player.toggle()  # plays from the hit (no sound card needed: the player's clock runs all the same)
+    _wait(app, lambda: view.heard_word() is not None and view.player.position_s > HISTORY_PLAY_TO_S, 30,
+          "playback did not reach the hit's second word")
+    view.player.toggle()
     app.processEvents()
     window.grab().save(str(out / "history-search.png"), "PNG")
     window.close()

@@ -2,7 +2,8 @@
 lines. A search hit opens its transcript with the hit's line selected. A line's text is edited in place
 (double-click or F2): the edit is kept in the library, searched and exported, and Revert line gives the
 transcribed words back. A file's transcript plays its audio (player.TranscriptPlayer): the line being heard
-is marked, and a click on a line plays from there."""
+is marked, and in it the word being heard where the transcription timed its words; a click on a line plays
+from there."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
-from PySide6.QtGui import QBrush, QColor
+from PySide6.QtGui import QBrush, QColor, QTextDocument
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit,
-                               QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+                               QPushButton, QSplitter, QStyle, QStyledItemDelegate, QTableWidget, QTableWidgetItem,
+                               QVBoxLayout, QWidget)
 
-from aural.engine.history import Entry, Hit, History, HistoryError, Line
+from aural.engine.history import Entry, Hit, History, HistoryError, Line, TimedWord
 from aural.engine.text.writers import format_timestamp
 
 from .file_result import EXPORT_FORMATS
@@ -28,10 +30,37 @@ __all__ = ["HistoryView"]
 _SEARCH_DELAY_MS = 200  # typing pauses this long before the search runs: one query per word, not per key
 _LIST_HEADERS = ("When", "Length", "Transcript")
 _HIT_HEADERS = ("Transcript", "At", "Match")
-# Item data: the transcript's id, the line's start (s), the line's id, an edited line's transcribed words.
-_ID, _START, _LINE, _ORIGINAL = (Qt.ItemDataRole.UserRole + k for k in range(4))
+# Item data: the transcript's id, the line's start (s), the line's id, an edited line's transcribed words, the
+# line's timed words.
+_ID, _START, _LINE, _ORIGINAL, _WORDS = (Qt.ItemDataRole.UserRole + k for k in range(5))
 _TEXT = 2  # the lines' text column, the one a user edits
 _HEARD = QColor(255, 196, 0, 70)  # the background of the line being played: a translucent amber on either theme
+
+
+class _HeardWordDelegate(QStyledItemDelegate):
+    """Paints the text of the line being heard with the word being heard in bold on amber (rich text, which a
+    table item does not have); every other cell as usual."""
+
+    def __init__(self, view: HistoryView):
+        super().__init__(view)
+        self._view = view
+
+    def paint(self, painter, option, index) -> None:
+        html_text = self._view.heard_html(index.row()) if index.column() == _TEXT else None
+        if html_text is None:
+            super().paint(painter, option, index)
+            return
+        self.initStyleOption(option, index)
+        option.text = ""
+        option.widget.style().drawControl(QStyle.ControlElement.CE_ItemViewItem, option, painter, option.widget)
+        document = QTextDocument()
+        document.setDefaultFont(option.font)
+        document.setTextWidth(option.rect.width())
+        document.setHtml(html_text)
+        painter.save()
+        painter.translate(option.rect.topLeft())
+        document.drawContents(painter)
+        painter.restore()
 
 
 def _item(text: str, entry_id: int, start: float = 0.0) -> QTableWidgetItem:
@@ -76,6 +105,8 @@ class HistoryView(QWidget):
         self.player.position_changed.connect(self._mark_heard)
         self.player.failed.connect(self.failed)
         self._heard = -1  # the row marked as being played
+        self._word = -1  # in it, the word being heard (an index of its timed words)
+        self.lines.setItemDelegateForColumn(_TEXT, _HeardWordDelegate(self))
         self.revert_button = QPushButton("Revert line")
         self.revert_button.setToolTip("Give the selected line its transcribed words back")
         self.revert_button.clicked.connect(self.revert_selected)
@@ -202,7 +233,7 @@ class HistoryView(QWidget):
         self.title.setText(f"<b>{html.escape(entry.title)}</b> · {format_duration(entry.duration_s)} · "
                            f"{html.escape(entry.model)}{' · language ' + entry.language if entry.language else ''}")
         self.lines.setRowCount(0)
-        self._heard = -1
+        self._heard = self._word = -1
         for line in lines:
             self._add_line(line)
         self._set_actions(True)
@@ -222,6 +253,7 @@ class HistoryView(QWidget):
         for column, text in enumerate((format_timestamp(line.start), format_timestamp(line.end), line.text)):
             item = _item(text, self.shown_id, line.start)
             item.setData(_LINE, line.id)
+            item.setData(_WORDS, line.timed_words)
             if column != _TEXT:
                 item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
             self.lines.setItem(row, column, item)
@@ -252,6 +284,7 @@ class HistoryView(QWidget):
         line = next(ln for ln in self.history.lines(self.shown_id) if ln.id == line_id)
         self.lines.blockSignals(True)
         self.lines.item(row, _TEXT).setText(line.text)
+        self.lines.item(row, _TEXT).setData(_WORDS, line.timed_words)  # an edit's words have no times
         self.lines.blockSignals(False)
         self._mark_edited(row, line.original)
         self._show_line_actions()
@@ -278,22 +311,42 @@ class HistoryView(QWidget):
 
     @Slot(float)
     def _mark_heard(self, seconds: float) -> None:
-        """Marks the line that holds `seconds` (the last one started before it, between lines)."""
+        """Marks the line that holds `seconds` (the last one started before it, between lines), and its word."""
         row = -1
         for k in range(self.lines.rowCount()):
             if self.lines.item(k, 0).data(_START) > seconds:
                 break
             row = k
-        if row == self._heard:
+        words = self._words(row)
+        word = max((k for k, w in enumerate(words) if w.start <= seconds), default=-1)
+        if (row, word) == (self._heard, self._word):
             return
         self.lines.blockSignals(True)  # a colour is no edit
         for k, brush in ((self._heard, QBrush()), (row, QBrush(_HEARD))):
             for column in range(self.lines.columnCount()) if k >= 0 else ():
                 self.lines.item(k, column).setBackground(brush)
         self.lines.blockSignals(False)
-        self._heard = row
-        if row >= 0 and self.player.playing:
+        if row != self._heard and row >= 0 and self.player.playing:
             self.lines.scrollToItem(self.lines.item(row, 0))
+        self._heard, self._word = row, word
+        self.lines.viewport().update()
+
+    def _words(self, row: int) -> tuple[TimedWord, ...]:
+        return self.lines.item(row, _TEXT).data(_WORDS) or () if row >= 0 else ()
+
+    def heard_word(self) -> TimedWord | None:
+        """The word marked as being heard, None when none is (no timed words, or between them)."""
+        words = self._words(self._heard)
+        return words[self._word] if 0 <= self._word < len(words) else None
+
+    def heard_html(self, row: int) -> str | None:
+        """The rich text of line `row` with the word being heard marked, None unless it is the heard line."""
+        words = self._words(row)
+        if row != self._heard or not 0 <= self._word < len(words):
+            return None
+        return "".join(f'<span style="background-color: rgba(255, 196, 0, 150); font-weight: bold">'
+                       f"{html.escape(w.word)}</span>" if k == self._word else html.escape(w.word)
+                       for k, w in enumerate(words)).strip()
 
     def heard_line(self) -> int:
         """The row marked as being played, -1 when none."""
