@@ -6,6 +6,7 @@ Run with the interpreter that has Aural built for the backend; no bench/.venv is
     .venv/bin/python bench/fallback_ops.py                                       # the CPU backend
     GGML_VK_VISIBLE_DEVICES=0 .venv-vulkan/bin/python bench/fallback_ops.py --backend Vulkan0
     .venv/bin/python bench/fallback_ops.py --render                              # only the table
+    python3 bench/fallback_ops.py --backend CUDA0 --out $OUT/fallback-ops-cuda0.json  # tools/device-run.sh
 
 Each run loads tiny.en on the device and builds every graph shape a transcription uses: the encoder (a 15 s
 and a 30 s window), the decoder's prompt, a one-token step, a step of 5 beams and a prompt longer than the
@@ -103,14 +104,18 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="CPU")
     parser.add_argument("--render", action="store_true", help="only rewrite the Markdown from the JSON files")
+    parser.add_argument("--out", type=Path, help="write the JSON here instead (tools/device-run.sh), no Markdown")
     args = parser.parse_args(argv)
     if not args.render:
         doc = probe(args.backend)
         doc.update(date=time.strftime("%Y-%m-%dT%H:%M:%S"), machine=machine_info(),
                    command="bench/fallback_ops.py " + " ".join(argv))
-        (RESULTS / f"fallback-ops-{doc['backend'].lower()}.json").write_text(json.dumps(doc, indent=1))
+        out = args.out or RESULTS / f"fallback-ops-{doc['backend'].lower()}.json"
+        out.write_text(json.dumps(doc, indent=1))
         for graph, r in doc["graphs"].items():
             print(f"{doc['backend']} {graph}: {r['nodes_per_backend']} fallback {r['fallback_ops']}", flush=True)
+        if args.out:
+            return 0
     render()
     return 0
 

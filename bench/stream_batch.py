@@ -7,6 +7,7 @@ all. Rounds interleave the two (`--rounds`, medians), 20 steps each. The logits 
 (tests/test_stream_batch.py); this measures only time. Writes bench/results/<name>.json and .md.
 
 Usage: .venv/bin/python bench/stream_batch.py [--frames 1000,3000] [--rounds 5] [--name stream-batch]
+       [--backend CUDA0]  (the model in this process: StreamBatch takes native contexts, not a device process's)
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def main() -> None:
     parser.add_argument("--frames", default="1000,3000")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--name", default="stream-batch")
+    parser.add_argument("--backend", default="auto", help="the model's device (default: the best)")
     args = parser.parse_args()
-    model = WhisperModel(resolve_model("tiny.en"))
+    model = WhisperModel(resolve_model("tiny.en"), device=args.backend, isolate=False)
     audio = load_audio(DATA / "en_libri_1089-134686-0000.16k.wav")
     rows = []
     for frames in map(int, args.frames.split(",")):
@@ -85,7 +87,8 @@ def main() -> None:
                 rows.append({"frames": frames, "n_seq": n_seq, "streams": n, "alone_ms": a, "shared_ms": s})
                 print(f"frames {frames} n_seq {n_seq} streams {n:2d}: alone {a:6.2f} ms, shared {s:6.2f} ms, "
                       f"{a / s:.2f}x", flush=True)
-    report = {"model": "tiny.en", "machine": machine_info(), "rounds": args.rounds, "steps": STEPS, "rows": rows}
+    report = {"model": "tiny.en", "device": f"{model.backend}/{model.device}", "machine": machine_info(),
+              "rounds": args.rounds, "steps": STEPS, "rows": rows}
     out = RESULTS / args.name
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     m = report["machine"]
@@ -93,7 +96,8 @@ def main() -> None:
                      [(r["frames"], r["n_seq"], r["streams"], fmt(r["alone_ms"]), fmt(r["shared_ms"]),
                        f"{r['alone_ms'] / r['shared_ms']:.2f}x") for r in rows])
     out.with_suffix(".md").write_text("\n".join([
-        "# One decoder step of several sessions: one by one against one shared graph (tiny.en)", "",
+        f"# One decoder step of several sessions: one by one against one shared graph (tiny.en, {report['device']})",
+        "",
         f"Wall ms of one step of every session, medians of {args.rounds} interleaved rounds of {STEPS} steps "
         "(bench/stream_batch.py). Greedy steps carry 1 token, beam-5 steps 5 tokens and 5 outputs.", "",
         table, "", f"Machine: {m['cpu']}, {m['cpus']} CPUs, Python {m['python']}", ""]))

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA checks on the device machine (one NVIDIA H200, 16 cores, no network: nothing can be installed
-# there from outside), from files prepared here: the device test tier (tests/test_device.py on CUDA0 against
-# the CPU) and the KV profile (bench/device_kv.py: KV on the device vs the host round-trip, tiny.en and base,
-# JFK and the sonnet, greedy, beam 5 and beam 8 = a batch of 8 sequences per decoder call).
+# there from outside), from files prepared here: doctor, the ops that fall back to the CPU
+# (bench/fallback_ops.py), the device test tier (tests/test_device.py on CUDA0 against the CPU), the KV profile
+# (bench/device_kv.py: KV on the device vs the host round-trip, tiny.en and base, JFK and the sonnet, greedy,
+# beam 5 and beam 8 = a batch of 8 sequences per decoder call) and several sessions' decoder steps in one graph
+# (bench/stream_batch.py).
 #
 # Usage, in the repository root:
 #   make device-pack                    # here: build/device/carry/ (tools/device-run.sh pack; a Python 3.12)
@@ -23,7 +25,7 @@
 # CUDA 13 wheels, nvidia-cublas among them), plus the wheels carried here: ggml-python built with CUDA by
 # `make setup-cuda` (a py3 wheel: plain C libraries), Aural built for Python 3.12, and Aural's dependencies
 # that image lacks. libggml-cuda.so finds the image's cuBLAS through LD_LIBRARY_PATH. Budget there: under 8
-# minutes (unpack and install ~30 s, tests ~2 min, profile ~3 min; each step has a time limit).
+# minutes (unpack and install ~30 s, tests ~2 min, profile ~3 min, batch ~1 min; each step has a time limit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,8 +48,10 @@ CPU_DESELECT="not loads_on_the_device and not backend_report and not software"
 PROFILE_ARGS=(--modes greedy,beam5,beam8)
 # Time limits of the test tier and the profile, so that the device run ends within 8 minutes with what ran;
 # the 2-core dry run, on the CPU, takes longer.
-TESTS_LIMIT_S=180
-PROFILE_LIMIT_S=270
+TESTS_LIMIT_S=150
+PROFILE_LIMIT_S=240
+BATCH_LIMIT_S=75
+BATCH_ARGS=(--rounds 3)  # bench/stream_batch.py: S sessions' decoder steps in one graph against one by one
 
 say() { echo "device-run: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -208,8 +212,9 @@ profile_models() {
     if [ "$(stream_state base)" = complete ]; then echo tiny.en,base; else echo tiny.en; fi
 }
 
-# Unpack, install into a folder of its own, then doctor, the device tier and the profile on `backend`; the
-# time limits keep the whole within 8 minutes, so that what ran comes back even when a step hangs.
+# Unpack, install into a folder of its own, then doctor, the fallback-op list (bench/fallback_ops.py), the device
+# tier and the profile on `backend`; the time limits keep the whole within 8 minutes, so that what ran comes back
+# even when a step hangs. The logs go back as one logs.tar.gz: a device call returns at most 8 files.
 run_all() {
     local python=$1 backend=$2 stem=$3 deselect=$4 work=/tmp/aural-device started
     started=$(date +%s)
@@ -219,14 +224,23 @@ run_all() {
     unpack "$python" "$work"
     install_site "$python" "$work"
     echo "unpacked and installed after $(( $(date +%s) - started )) s" | tee "$out/summary.txt" >&2
+    command -v nvidia-smi > /dev/null && { nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true; }
     step doctor "$python" -m aural.engine.cli doctor
+    step fallback-ops timeout 60 "$python" bench/fallback_ops.py --backend "$backend" \
+        --out "$out/fallback-ops-$(echo "$backend" | tr '[:upper:]' '[:lower:]').json"
     step device-tests env AURAL_TEST_BACKEND="$backend" timeout "$TESTS_LIMIT_S" "$python" -m pytest -q -p no:cacheprovider \
         -m device -k "$deselect" tests/test_device.py
     step profile timeout "$PROFILE_LIMIT_S" "$python" bench/device_kv.py --python "$python" --backend "$backend" \
         --models "$(profile_models)" "${PROFILE_ARGS[@]}" --stem "$stem"
-    mv bench/results/"$stem".* "$out/" 2>/dev/null || say "the profile wrote no results"
+    # The JSON alone: `bench/device_kv.py --render` makes the table and the plot from it here.
+    mv bench/results/"$stem".json "$out/" 2>/dev/null || say "the profile wrote no results"
+    rm -f bench/results/"$stem".*
+    step stream-batch timeout "$BATCH_LIMIT_S" "$python" bench/stream_batch.py --backend "$backend" "${BATCH_ARGS[@]}" \
+        --name "stream-batch-$stem"
+    mv bench/results/stream-batch-"$stem".* "$out/" 2>/dev/null || say "the batch bench wrote no results"
     echo "total $(( $(date +%s) - started )) s" | tee -a "$out/summary.txt" >&2
-    ! grep -q 'exit [1-9]' "$out/summary.txt" || die "a step failed: its log is in $out/"
+    (cd "$out" && tar -czf logs.tar.gz -- *.log *.txt && rm -f -- *.log nvidia-smi.txt)
+    ! grep -q 'exit [1-9]' "$out/summary.txt" || die "a step failed: its log is in $out/logs.tar.gz"
 }
 
 run() {
@@ -251,7 +265,7 @@ dry_run() {
     rm -rf "$out"
     mkdir -p "$out"
     receive
-    TESTS_LIMIT_S=900 PROFILE_LIMIT_S=1200
+    TESTS_LIMIT_S=900 PROFILE_LIMIT_S=1200 BATCH_LIMIT_S=600 BATCH_ARGS=(--rounds 1 --frames 1000)
     run_all "$(image_python)" CPU device-kv-cuda-dry-run "$CPU_DESELECT"
 }
 
