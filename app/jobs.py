@@ -38,6 +38,7 @@ class FileJob:
     error: str = ""
     done_s: float = 0.0
     total_s: float = 0.0
+    history_id: int | None = None  # the finished transcript's id in the library (engine.history)
     started: float | None = None  # time.monotonic() when transcription began
     progressed: float | None = None  # time.monotonic() of the last progress report
 

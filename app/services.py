@@ -254,7 +254,7 @@ class FileQueue(QObject):
         worker.cancelled.connect(self._on_cancelled)
         worker.failed.connect(self._on_failed)
         worker.fallback.connect(self.fallback)
-        worker.kept.connect(self.kept)
+        worker.kept.connect(self._on_kept)
         worker.not_kept.connect(self.not_kept)
         worker.finished.connect(self._on_finished)
         self._submit.connect(worker.transcribe)
@@ -290,6 +290,11 @@ class FileQueue(QObject):
         job = self._current
         job.segments.append(segment)
         self.segment_added.emit(job, segment)
+
+    @Slot(int)
+    def _on_kept(self, history_id: int) -> None:
+        self._current.history_id = history_id
+        self.kept.emit(history_id)
 
     @Slot(object)
     def _on_done(self, timings: Timings) -> None:

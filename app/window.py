@@ -232,6 +232,7 @@ class MainWindow(QMainWindow):
         self.queue.job_selected.connect(lambda job_id: self.show_job(self.files.job(job_id)))
         self.result.export_requested.connect(self._ask_export_job)
         self.files.kept.connect(lambda _id: self.history_view.refresh())
+        self.result.history_requested.connect(self.open_kept)
         self.files.not_kept.connect(self.show_error)
         self.history_view.export_requested.connect(self._ask_export_kept)
         self.history_view.failed.connect(self.show_error)
@@ -258,6 +259,12 @@ class MainWindow(QMainWindow):
         self.controls.set_multilingual(False)  # until a model is loaded
 
     @Slot(list)
+    @Slot(int)
+    def open_kept(self, entry_id: int) -> None:
+        """A kept transcript in the History tab (from the Files tab's Play and edit)."""
+        self.tabs.setCurrentIndex(self.history_tab)
+        self.history_view.open(entry_id)
+
     @Slot(int)
     def _on_tab_changed(self, index: int) -> None:
         # A live session enters the library when its journal closes: the list is read again on each visit.

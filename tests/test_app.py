@@ -238,11 +238,13 @@ def test_finished_files_are_kept_searched_edited_and_a_hit_opens_its_transcript_
 def test_a_kept_file_plays_the_line_and_word_being_heard_are_marked_and_a_click_plays_from_a_line(
         window, settings, qtbot, jfk_wav):
     settings.set(Key.WORD_TIMESTAMPS, True)
-    with qtbot.waitSignal(window.files.kept, timeout=FILE_S) as kept:
-        window.add_files([str(jfk_wav)])  # with the Preferences as they are now
-    window.tabs.setCurrentIndex(window.history_tab)
+    window.add_files([str(jfk_wav)])  # with the Preferences as they are now
+    assert not window.result.history_button.isEnabled()
+    wait_status(qtbot, window, last_job(window), JobStatus.DONE)
+    qtbot.mouseClick(window.result.history_button, Qt.MouseButton.LeftButton)  # Files tab: "Play and edit…"
+    assert window.tabs.currentIndex() == window.history_tab
     view, player = window.history_view, window.history_view.player
-    view.open(kept.args[0])
+    assert view.shown_id == last_job(window).history_id and view.title.text().startswith(f"<b>{jfk_wav.name}")
     starts = [view.lines.item(row, 0).data(Qt.ItemDataRole.UserRole + 1) for row in range(view.lines.rowCount())]
     assert len(starts) >= 2 and starts[0] < 1.0
     player.set_rate(2.0)

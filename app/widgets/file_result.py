@@ -21,6 +21,7 @@ _START, _END, _TEXT = range(3)
 
 class FileResultView(QWidget):
     export_requested = Signal(str)  # format
+    history_requested = Signal(int)  # the shown file's id in the library: open it there (playback, edits)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -43,8 +44,14 @@ class FileResultView(QWidget):
         header.setSectionResizeMode(_TEXT, QHeaderView.ResizeMode.Stretch)
         self._table.currentCellChanged.connect(self._show_time)
         self._exports = {fmt: QPushButton(fmt.upper()) for fmt in EXPORT_FORMATS}
+        self.history_button = QPushButton("Play and edit…")
+        self.history_button.setToolTip("Open this transcript in the History tab: play the audio, edit lines")
+        self.history_button.clicked.connect(lambda: self.history_requested.emit(self._history_id))
+        self._history_id: int | None = None
+        self.history_button.setEnabled(False)
         buttons = QHBoxLayout()
         buttons.addWidget(self._selected, 1)
+        buttons.addWidget(self.history_button)
         buttons.addWidget(QLabel("Export:"))
         for fmt, button in self._exports.items():
             button.setToolTip(f"Save this transcript as {fmt.upper()}")
@@ -102,6 +109,8 @@ class FileResultView(QWidget):
             parts.append(f'<span style="color:#e5484d">{html.escape(job.error)}</span>')
         self._summary.setText(" · ".join(parts))
         self._set_exportable(bool(job.segments))
+        self._history_id = job.history_id
+        self.history_button.setEnabled(job.history_id is not None)
 
     def _set_exportable(self, enabled: bool) -> None:
         for button in self._exports.values():
