@@ -230,8 +230,7 @@ class HistoryView(QWidget):
         entry = self.history.entry(entry_id)
         lines = self.history.lines(entry_id)
         self.shown_id = entry_id
-        self.title.setText(f"<b>{html.escape(entry.title)}</b> · {format_duration(entry.duration_s)} · "
-                           f"{html.escape(entry.model)}{' · language ' + entry.language if entry.language else ''}")
+        self._show_title(entry)
         self.lines.setRowCount(0)
         self._heard = self._word = -1
         for line in lines:
@@ -245,6 +244,10 @@ class HistoryView(QWidget):
         if lines:
             self.lines.selectRow(row)
             self.lines.scrollToItem(self.lines.item(row, 0), QAbstractItemView.ScrollHint.PositionAtCenter)
+
+    def _show_title(self, entry: Entry) -> None:
+        self.title.setText(f"<b>{html.escape(entry.title)}</b> · {format_duration(entry.duration_s)} · "
+                           f"{html.escape(entry.model)}{' · language ' + entry.language if entry.language else ''}")
 
     def _add_line(self, line: Line) -> None:
         row = self.lines.rowCount()
@@ -373,7 +376,7 @@ class HistoryView(QWidget):
         self._guarded(self.history.rename, entry_id, title)
         self.refresh()
         if self.shown_id == entry_id:
-            self.open(entry_id, self._selected_start())
+            self._show_title(self.history.entry(entry_id))  # the lines and the playback stay as they are
 
     @Slot()
     def delete_shown(self) -> None:
@@ -386,10 +389,6 @@ class HistoryView(QWidget):
         self.title.setText("Deleted.")
         self._set_actions(False)
         self.refresh()
-
-    def _selected_start(self) -> float:
-        row = self.selected_line()
-        return self.lines.item(row, 0).data(_START) if row >= 0 else 0.0
 
     def _guarded(self, action, *args) -> None:
         try:
