@@ -31,8 +31,8 @@ cd "$(dirname "$0")/.."
 
 DEVICE=build/device
 CARRY=$DEVICE/carry
-# Each part with the working tree (about 5 MiB) stays under a device call's 64 MiB.
-PART_SIZE=56M
+# Each part with the working tree (about 12 MiB) stays under a device call's 64 MiB.
+PART_SIZE=48M
 TREE_LIMIT_MIB=64
 CUBLAS=nvidia-cublas==13.1.0.3
 # Aural's run-time and test-tier dependencies that the device machine's python3 lacks; pinned by
