@@ -494,19 +494,23 @@ def _percent(errors: int, words: int) -> float | None:
 
 
 def configs_of(policies: str, frames: str, audio_ctx: str, steps: str, holds: str, commit_after: str,
-               pause_steps: str) -> list[Config]:
-    """Every (policy, AlignAtt frames, audio context, step, hold, pause commit, pause step) combination, named
-    like "alignatt-f25/auto/0.5/hold1/c0.5/pause1" (frames only vary AlignAtt)."""
+               pause_steps: str, margins: str = "0") -> list[Config]:
+    """Every (policy, AlignAtt frames, audio context, step, hold, pause commit, pause step, commit margin)
+    combination, named like "alignatt-f25/auto/0.5/hold1/c0.5/pause1" (frames only vary AlignAtt; a margin
+    adds "/g0.5")."""
     configs = []
-    for policy, ctx, step, hold, after, pause in itertools.product(
+    for policy, ctx, step, hold, after, pause, margin in itertools.product(
             policies.split(","), audio_ctx.split(","), steps.split(","), holds.split(","), commit_after.split(","),
-            pause_steps.split(",")):
+            pause_steps.split(","), margins.split(",")):
         for f in frames.split(",") if policy == "alignatt" else [frames.split(",")[0]]:
             name = f"{policy}-f{int(f)}" if policy == "alignatt" else policy
-            configs.append(Config(f"{name}/{ctx}/{float(step)!r}/hold{int(hold)}/c{float(after)!r}/pause{int(pause)}",
+            suffix = f"/g{float(margin)!r}" if float(margin) else ""
+            configs.append(Config(f"{name}/{ctx}/{float(step)!r}/hold{int(hold)}/c{float(after)!r}/pause{int(pause)}"
+                                  f"{suffix}",
                                   StreamOptions(policy=policy, alignatt_frames=int(f), audio_ctx=ctx,
                                                 step_s=float(step), hold_steps=int(hold),
-                                                min_silence_commit_s=float(after), pause_step=bool(int(pause)))))
+                                                min_silence_commit_s=float(after), pause_step=bool(int(pause)),
+                                                commit_margin_s=float(margin))))
     return configs
 
 
@@ -543,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="StreamOptions.min_silence_commit_s (pause that commits the tail), comma-separated")
     p.add_argument("--pause-step", default=str(int(StreamOptions.pause_step)),
                    help="StreamOptions.pause_step (1: decode when the speech gate closes), comma-separated 1,0")
+    p.add_argument("--margin", default=str(StreamOptions.commit_margin_s),
+                   help="StreamOptions.commit_margin_s (LocalAgreement commits words ending this long before the "
+                   "newest audio), comma-separated")
     p.add_argument("--tail-s", type=float, default=3.0, help="silence replayed after each clip")
     p.add_argument("--source", choices=("replay", "system"), default="replay",
                    help="replay: ReplaySource at --speed; system: played into a private PulseAudio null sink and "
@@ -560,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--speed must be positive: latency needs a clock")
     try:
         configs = configs_of(args.policy, args.frames, args.audio_ctx, args.step, args.hold, args.commit_after,
-                             args.pause_step)
+                             args.pause_step, args.margin)
     except ValueError as exc:
         p.error(str(exc))
     clips = english_dev_clips()

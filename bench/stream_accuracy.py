@@ -49,6 +49,8 @@ def options_of(config: str):
             fields["step_s"] = float(extra[1:])
         elif extra.startswith("d"):
             fields["doubled_run_words"] = int(extra[1:]) or None
+        elif extra.startswith("g"):
+            fields["commit_margin_s"] = float(extra[1:])
         elif extra in ("pause0", "pause1"):
             fields["pause_step"] = extra == "pause1"
         else:

@@ -598,6 +598,9 @@ def _add_live(subparsers: Any) -> None:
                         "flip back and forth do not flicker (default: 1; 0 shows every hypothesis)")
     p.add_argument("--commit-after", type=float, metavar="S",
                    help="a pause of S seconds makes the tentative text final (default: 0.5)")
+    p.add_argument("--margin", type=float, metavar="S",
+                   help="commit only words that end S seconds before the newest audio: fewer wrong words made "
+                        "final (0.5: about 4 %% fewer errors), the last words final about 0.2 s later (default: 0)")
     p.add_argument("--pause-step", action=argparse.BooleanOptionalAction, default=None,
                    help="decode as soon as the speaker pauses, so that the last words are final about 0.4 s "
                         "after they are spoken (default: on)")

@@ -234,6 +234,10 @@ def test_a_repeated_run_is_found_wherever_it_starts(text, times, looped):
     ("the birch canoe the birch canoe slid", "the birch canoe"),
     ("a b a b", ""),  # two words: under the shortest run
     ("ten of clubs four queen of clubs seven of clubs", ""),  # repeats with words between
+    ("it feels like these days it feel like these days now", "it feel like these days"),  # another ending
+    ("we shall fight on the beaches we shall fight on the landing grounds", ""),  # a pattern, not a copy
+    ("the cat sat the cats sit", ""),  # two words differ
+    ("a b a bee", ""),  # two words: one other ending is too much
     ("", ""),
 ])
 def test_the_second_copy_of_a_doubled_run_is_found(text, second_copies):
@@ -467,6 +471,28 @@ def test_the_last_words_are_decoded_as_the_gate_closes_and_final_within_the_paus
     assert total - silence_from < 0.5 * rate + block
     decodes = [t for t, _, events in polls[:last + 1] if any(isinstance(e, Partial) for e in events)]
     assert silence_from <= decodes[-1] < silence_from + block
+
+
+def test_while_speech_goes_on_words_commit_only_a_margin_before_the_newest_audio(model, jfk_wav):
+    """commit_margin_s: a commit made while the gate is open ends at least the margin before the audio taken
+    in; the pause commit still makes the tail final."""
+    audio, rate = sf.read(jfk_wav, dtype="float32")
+    block = rate // 10
+    samples = np.concatenate([audio, np.zeros(3 * rate, np.float32)])
+    stream = _Stream(model, StreamOptions(commit_margin_s=0.5), "device")
+    mid_speech, text = [], []
+    for start in range(0, samples.size, block):
+        stream.feed(samples[start:start + block])
+        speaking = stream.silence_from is None
+        for commit in commits(list(stream.poll())):
+            text.append(commit.text)
+            if speaking:
+                mid_speech.append((commit.end, stream.total / rate))
+    assert mid_speech  # the margin held some words back, not all of them
+    assert all(end <= heard - 0.5 + 1e-6 for end, heard in mid_speech)
+    assert " ".join(text).endswith("country.")
+    with pytest.raises(ValueError, match="commit_margin_s"):
+        StreamOptions(commit_margin_s=-0.1)
 
 
 @dataclass(frozen=True)
