@@ -187,7 +187,7 @@ class History:
             self._db.execute("PRAGMA foreign_keys = ON")
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.executescript(_SCHEMA)
-        except sqlite3.Error as e:
+        except (sqlite3.Error, OSError) as e:
             raise HistoryError(f"cannot open the transcript library {self.path}: {e}") from None
 
     def close(self) -> None:

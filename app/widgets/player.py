@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QUrl, Signal, Slot
+from PySide6.QtCore import QLoggingCategory, Qt, QUrl, Signal, Slot
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtMultimedia import QAudioOutput, QMediaPlayer
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QSlider, QWidget
 
-from .file_queue import format_duration
+# Loading QtMultimedia probes for PipeWire and warns on stderr where there is none (PulseAudio-only
+# systems, a second launch handing its files over): noise for the user, not a fault.
+QLoggingCategory.setFilterRules("qt.multimedia.symbolsresolver=false")
+from PySide6.QtMultimedia import QAudioOutput, QMediaPlayer  # noqa: E402
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QSlider, QWidget  # noqa: E402
+
+from .file_queue import format_duration  # noqa: E402
 
 __all__ = ["RATES", "SKIP_S", "TranscriptPlayer"]
 
