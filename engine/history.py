@@ -32,13 +32,14 @@ from pathlib import Path
 
 from .errors import AuralError
 from .live.journal import user_data_dir
+from .text.chinese import UNSPACED_CHARS
 
 __all__ = ["KINDS", "Entry", "History", "HistoryError", "Hit", "Line", "TimedWord", "history_path"]
 
 KINDS = ("file", "live")
 _MARK_OPEN, _MARK_CLOSE = "\x02", "\x03"  # around a hit's words in Hit.snippet (see Hit.marked)
 _SNIPPET_TOKENS = 16  # words of context in a snippet (FTS5's snippet() allows 1 to 64)
-_UNSPACED = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
+_UNSPACED = re.compile(f"[{UNSPACED_CHARS}]")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS transcripts (
@@ -77,6 +78,7 @@ CREATE TRIGGER IF NOT EXISTS segments_au AFTER UPDATE OF text ON segments BEGIN
 END;
 PRAGMA user_version = 1;
 """
+_LINE_COLUMNS = 'start, "end", text, words, id, original'
 _ENTRY_COLUMNS = "t.id, t.kind, t.title, t.source, t.created, t.duration_s, t.model, t.language, t.journal"
 
 
@@ -156,8 +158,10 @@ def _words_json(words) -> str | None:
     return json.dumps([[round(w.start, 3), round(w.end, 3), w.word] for w in words]) if words else None
 
 
-def _words_of(text: str | None) -> tuple[TimedWord, ...]:
-    return tuple(TimedWord(*w) for w in json.loads(text)) if text else ()
+def _line(start: float, end: float, text: str, words: str | None, line_id: int, original: str | None) -> Line:
+    """A row of _LINE_COLUMNS as a Line."""
+    return Line(start, end, text, tuple(TimedWord(*w) for w in json.loads(words)) if words else (), line_id,
+                original)
 
 
 def history_path() -> Path:
@@ -230,10 +234,16 @@ class History:
     def lines(self, entry_id: int) -> list[Line]:
         """A transcript's lines in time order."""
         self.entry(entry_id)
-        rows = self._db.execute('SELECT start, "end", text, words, id, original FROM segments WHERE transcript = ?'
-                                " ORDER BY start, id", (entry_id,))
-        return [Line(start, end, text, _words_of(words), line_id, original)
-                for start, end, text, words, line_id, original in rows]
+        rows = self._db.execute(f"SELECT {_LINE_COLUMNS} FROM segments WHERE transcript = ? ORDER BY start, id",
+                                (entry_id,))
+        return [_line(*row) for row in rows]
+
+    def line(self, line_id: int) -> Line:
+        """One line as kept now (after an edit, say)."""
+        row = self._db.execute(f"SELECT {_LINE_COLUMNS} FROM segments WHERE id = ?", (line_id,)).fetchone()
+        if row is None:
+            raise HistoryError(f"no line {line_id} in the library")
+        return _line(*row)
 
     def search(self, query: str, limit: int = 100) -> Iterator[Hit]:
         """Segments holding every word of `query` (the last as a prefix), best match first; in Chinese or

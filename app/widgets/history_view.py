@@ -283,8 +283,7 @@ class HistoryView(QWidget):
         self._restyle(item.row())
 
     def _restyle(self, row: int) -> None:
-        line_id = self.lines.item(row, _TEXT).data(_LINE)
-        line = next(ln for ln in self.history.lines(self.shown_id) if ln.id == line_id)
+        line = self.history.line(self.lines.item(row, _TEXT).data(_LINE))
         self.lines.blockSignals(True)
         self.lines.item(row, _TEXT).setText(line.text)
         self.lines.item(row, _TEXT).setData(_WORDS, line.timed_words)  # an edit's words have no times

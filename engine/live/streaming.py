@@ -63,7 +63,7 @@ from ..errors import AuralError
 from ..features import AUDIO_CTX_MODES, HOP_LENGTH, N_SAMPLES, context_frames, window_mel
 from ..metrics import TokenTimer, peak_rss_mb
 from ..runtime import DeviceFallback, FallbackSession, WhisperModel
-from ..text.chinese import default_script, to_script
+from ..text.chinese import UNSPACED_CHARS, default_script, to_script
 from ..text.tokenizer import TIME_PRECISION, WhisperTokenizer
 from ..vad.gate import FRAME_SAMPLES, SpeechGate, VadOptions
 
@@ -400,12 +400,9 @@ class _Hypothesis:
     cuts: list[tuple[int, float]]
 
 
-# Characters of scripts written without spaces between words: CJK ideographs (with extensions and
-# compatibility forms), kana, and CJK and full-width punctuation (Unicode blocks 3000-30FF, 3400-4DBF,
-# 4E00-9FFF, F900-FAFF, FF00-FFEF). Hangul is written with spaces and is not among them.
-_UNSPACED = "\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
-_UNIT = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
-_UNIT_CJK = re.compile(f"[{_UNSPACED}]")
+# A unit: one character of an unspaced script (chinese.UNSPACED_CHARS), else a run of other non-space characters.
+_UNIT = re.compile(f"[{UNSPACED_CHARS}]|[^\\s{UNSPACED_CHARS}]+")
+_UNIT_CJK = re.compile(f"[{UNSPACED_CHARS}]")
 
 
 def _unspaced(char: str) -> bool:

@@ -25,7 +25,13 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["SCRIPTS", "default_script", "localize_segments", "to_script"]
+__all__ = ["SCRIPTS", "UNSPACED_CHARS", "default_script", "localize_segments", "to_script"]
+
+# Characters of scripts written without spaces between words, as a regex character class's inside: CJK
+# ideographs (with extensions and compatibility forms), kana, and CJK and full-width punctuation (Unicode
+# blocks 3000-30FF, 3400-4DBF, 4E00-9FFF, F900-FAFF, FF00-FFEF). Hangul is written with spaces and is not
+# among them.
+UNSPACED_CHARS = "\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
 
 # Script code -> OpenCC configuration that converts any Chinese text into that script (the ".json"
 # spelling is accepted by every opencc release).
