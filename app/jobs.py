@@ -31,6 +31,7 @@ class FileJob:
     language: str | None  # None: detect (multilingual models)
     kv_mode: str
     options: TranscribeOptions = field(default_factory=TranscribeOptions)  # the Preferences when it was added
+    diarize: bool = False  # name each segment's speaker once the file is transcribed (Preferences)
     status: JobStatus = JobStatus.QUEUED
     info: TranscriptionInfo | None = None
     segments: list[Segment] = field(default_factory=list)

@@ -174,6 +174,8 @@ class FileQueue(QObject):
     fallback = Signal(object)  # runtime.DeviceFallback: the running file went on on the CPU
     kept = Signal(int)  # a finished file's transcript is in the library (engine.history) under this id
     not_kept = Signal(str)  # the library could not take it: why
+    speakers_named = Signal(object)  # FileJob: its segments now name their speakers
+    not_diarized = Signal(str)  # speakers could not be found: why (the transcript is kept without them)
     _submit = Signal(object)  # FileRequest, to the worker's thread
 
     def __init__(self, models: ModelService, parent: QObject | None = None):
@@ -200,9 +202,11 @@ class FileQueue(QObject):
         return list(self._jobs.values())
 
     def add(self, paths: Iterable[str | Path], language: str | None, kv_mode: str,
-            options: TranscribeOptions | None = None) -> list[FileJob]:
-        """Queues files; `options` (the Preferences) is how each is decoded, its language the picker's."""
-        jobs = [FileJob(next(self._ids), Path(p), language, kv_mode, options or TranscribeOptions()) for p in paths]
+            options: TranscribeOptions | None = None, *, diarize: bool = False) -> list[FileJob]:
+        """Queues files; `options` (the Preferences) is how each is decoded, its language the picker's;
+        `diarize`: name each segment's speaker once a file is transcribed."""
+        jobs = [FileJob(next(self._ids), Path(p), language, kv_mode, options or TranscribeOptions(), diarize)
+                for p in paths]
         for job in jobs:
             self._jobs[job.id] = job
             self.added.emit(job)
@@ -239,7 +243,7 @@ class FileQueue(QObject):
             self._start_worker()
         stop = StopEvent()  # Cancel interrupts the encoder mid-window, not after it
         options = dataclasses.replace(job.options, language=_for_model(model, job.language))
-        request = FileRequest(model, job.path, options, job.kv_mode, stop)
+        request = FileRequest(model, job.path, options, job.kv_mode, stop, job.diarize)
         job.started = time.monotonic()
         self._set_status(job, JobStatus.RUNNING)
         self._running = (job, stop)
@@ -256,6 +260,8 @@ class FileQueue(QObject):
         worker.fallback.connect(self.fallback)
         worker.kept.connect(self._on_kept)
         worker.not_kept.connect(self.not_kept)
+        worker.speakers.connect(self._on_speakers)
+        worker.not_diarized.connect(self.not_diarized)
         worker.finished.connect(self._on_finished)
         self._submit.connect(worker.transcribe)
         # The wrapper is kept here: were it collected while the thread runs, Python would delete the
@@ -290,6 +296,12 @@ class FileQueue(QObject):
         job = self._current
         job.segments.append(segment)
         self.segment_added.emit(job, segment)
+
+    @Slot(object)
+    def _on_speakers(self, segments: list) -> None:
+        job = self._current
+        job.segments = segments
+        self.speakers_named.emit(job)
 
     @Slot(int)
     def _on_kept(self, history_id: int) -> None:

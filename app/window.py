@@ -34,7 +34,7 @@ from .widgets.file_result import EXPORT_FORMATS, FileResultView
 from .widgets.history_view import HistoryView
 from .widgets.metrics import MetricsPanel
 from .widgets.models_dialog import ModelsDialog, progress_text, size_text
-from .widgets.preferences import PreferencesDialog, transcribe_options
+from .widgets.preferences import PreferencesDialog, diarize_files, transcribe_options
 from .widgets.presentation import CaptionLook, CaptionWindow
 from .widgets.restore_bar import RestoreBar
 from .workers import ComputeDevicesWorker, DoctorWorker, start_worker
@@ -234,6 +234,8 @@ class MainWindow(QMainWindow):
         self.files.kept.connect(lambda _id: self.history_view.refresh())
         self.result.history_requested.connect(self.open_kept)
         self.files.not_kept.connect(self.show_error)
+        self.files.not_diarized.connect(self.show_error)
+        self.files.speakers_named.connect(self._on_speakers_named)
         self.history_view.export_requested.connect(self._ask_export_kept)
         self.history_view.failed.connect(self.show_error)
         self.tabs.currentChanged.connect(self._on_tab_changed)
@@ -613,7 +615,7 @@ class MainWindow(QMainWindow):
         if not paths:
             return
         jobs = self.files.add(paths, self._language(), self._settings.get(Key.KV_MODE),
-                              transcribe_options(self._settings))
+                              transcribe_options(self._settings), diarize=diarize_files(self._settings))
         self._remember(paths)
         self.tabs.setCurrentIndex(self.files_tab)
         if self.models.model is None:
@@ -650,6 +652,10 @@ class MainWindow(QMainWindow):
             self.result.set_summary(job)
         if job.error:
             self.show_error(f"{job.path.name}: {job.error}")
+
+    def _on_speakers_named(self, job: FileJob) -> None:
+        if job is self._shown_job:
+            self.result.show_job(job)
 
     def _on_segment_added(self, job: FileJob, segment) -> None:
         if job is self._shown_job:
@@ -699,7 +705,8 @@ class MainWindow(QMainWindow):
     def export_kept(self, entry_id: int, fmt: str, path: str | Path) -> Path | None:
         """A transcript of the History tab, as its lines were kept."""
         lines = self.history.lines(entry_id)
-        return self._save(path, fmt, [CaptionSegment(k, ln.start, ln.end, ln.text) for k, ln in enumerate(lines)])
+        return self._save(path, fmt, [CaptionSegment(k, ln.start, ln.end, ln.text, speaker=ln.speaker)
+                                      for k, ln in enumerate(lines)])
 
     def export_captions(self, fmt: str, path: str | Path) -> Path | None:
         """Live commits are a few words each: they are merged into readable cues (whole sentences, two

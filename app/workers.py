@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from aural.engine.audio import load_audio
 from aural.engine.errors import AuralError
 from aural.engine.features import N_FRAMES, N_SAMPLES, window_mel
 from aural.engine.history import History, HistoryError, Line, TimedWord
@@ -27,6 +28,7 @@ from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamO
 from aural.engine.models.download import TransferRate
 from aural.engine.models.store import PullProgress, catalog_models, pull, resolve_model
 from aural.engine.runtime import DeviceFallback, WhisperModel, compute_devices, load_model
+from aural.engine.speakers import Diarizer, assign_speakers
 from aural.engine.text.chinese import default_script, localize_segments
 from aural.engine.transcribe import TranscribeOptions, TranscriptionInfo, transcribe
 
@@ -268,6 +270,7 @@ class FileRequest:
         options: how to transcribe it.
         kv_mode: "device" or "host".
         stop: set (from any thread) to cancel this file.
+        diarize: name each segment's speaker once the file is transcribed.
     """
 
     model: WhisperModel
@@ -275,6 +278,7 @@ class FileRequest:
     options: TranscribeOptions
     kv_mode: str
     stop: threading.Event
+    diarize: bool = False
 
 
 class FileWorker(_Reporter):
@@ -293,6 +297,13 @@ class FileWorker(_Reporter):
     kept = Signal(int)  # history.History id of the finished transcript
     not_kept = Signal(str)  # why the library could not take it (the file's result stays as it is)
     fallback = Signal(object)  # runtime.DeviceFallback: the CPU took over the file from the model's device
+    diarizing = Signal()  # transcribed; now finding who speaks
+    speakers = Signal(object)  # the segments again, each naming its speaker
+    not_diarized = Signal(str)  # why speakers could not be found (the transcript is kept without them)
+
+    def __init__(self):
+        super().__init__()
+        self._diarizer = None  # loaded at the first file that asks, then kept: its models load in ~0.3 s
 
     @Slot(object)
     def transcribe(self, request: FileRequest) -> None:
@@ -316,8 +327,24 @@ class FileWorker(_Reporter):
         if request.stop.is_set():
             self.cancelled.emit()
             return
+        if request.diarize:
+            segments = self._named(request, segments)
         self._keep(request.path, result.info, segments)
         self.done.emit(result.timings)
+
+    def _named(self, request: FileRequest, segments: list) -> list:
+        """The segments with their speakers; unchanged, and `not_diarized` says why, when that fails."""
+        self.diarizing.emit()
+        try:
+            if self._diarizer is None:
+                self._diarizer = Diarizer.installed()
+            turns = list(self._diarizer.diarize(load_audio(request.path)))
+        except (AuralError, RuntimeError, ValueError) as e:  # the native embedder's errors are Runtime/ValueError
+            self.not_diarized.emit(f"{request.path.name}: speakers not identified: {e}")
+            return segments
+        named = list(assign_speakers(segments, turns))
+        self.speakers.emit(named)
+        return named
 
     def _keep(self, path: Path, info: TranscriptionInfo, segments: list) -> None:
         """The finished transcript into the library (History tab); one that cannot be written is reported
@@ -336,7 +363,7 @@ class FileWorker(_Reporter):
 def _line(segment) -> Line:
     """A transcribed segment as the library keeps it, with its words' times when they were asked for."""
     words = tuple(TimedWord(w.start, w.end, w.word) for w in segment.words or ())
-    return Line(segment.start, segment.end, segment.text, words)
+    return Line(segment.start, segment.end, segment.text, words, speaker=segment.speaker)
 
 
 class MeteredSource:

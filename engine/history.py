@@ -60,7 +60,8 @@ CREATE TABLE IF NOT EXISTS segments (
     "end" REAL NOT NULL,
     text TEXT NOT NULL,  -- as shown, searched and exported: the user's edit where there is one
     original TEXT,  -- the transcribed text of an edited segment, NULL while unedited
-    words TEXT  -- JSON [[start, end, word], ...] of the transcribed text, NULL without word timestamps
+    words TEXT,  -- JSON [[start, end, word], ...] of the transcribed text, NULL without word timestamps
+    speaker TEXT  -- who speaks ("Speaker 1", or the name the user gave), NULL when not diarized
 );
 CREATE INDEX IF NOT EXISTS segments_of ON segments (transcript, start);
 CREATE VIRTUAL TABLE IF NOT EXISTS segments_fts USING fts5 (
@@ -76,9 +77,10 @@ CREATE TRIGGER IF NOT EXISTS segments_au AFTER UPDATE OF text ON segments BEGIN
     INSERT INTO segments_fts (segments_fts, rowid, text) VALUES ('delete', old.id, old.text);
     INSERT INTO segments_fts (rowid, text) VALUES (new.id, new.text);
 END;
-PRAGMA user_version = 1;
 """
-_LINE_COLUMNS = 'start, "end", text, words, id, original'
+# Version 2 added segments.speaker; a version 1 library gets the column on opening (_upgrade).
+_VERSION = 2
+_LINE_COLUMNS = 'start, "end", text, words, id, original, speaker'
 _ENTRY_COLUMNS = "t.id, t.kind, t.title, t.source, t.created, t.duration_s, t.model, t.language, t.journal"
 
 
@@ -132,6 +134,7 @@ class Line:
     words: tuple[TimedWord, ...] = ()
     id: int = 0
     original: str | None = None
+    speaker: str | None = None
 
     @property
     def timed_words(self) -> tuple[TimedWord, ...]:
@@ -158,10 +161,11 @@ def _words_json(words) -> str | None:
     return json.dumps([[round(w.start, 3), round(w.end, 3), w.word] for w in words]) if words else None
 
 
-def _line(start: float, end: float, text: str, words: str | None, line_id: int, original: str | None) -> Line:
+def _line(start: float, end: float, text: str, words: str | None, line_id: int, original: str | None,
+          speaker: str | None) -> Line:
     """A row of _LINE_COLUMNS as a Line."""
     return Line(start, end, text, tuple(TimedWord(*w) for w in json.loads(words)) if words else (), line_id,
-                original)
+                original, speaker)
 
 
 def history_path() -> Path:
@@ -191,8 +195,17 @@ class History:
             self._db.execute("PRAGMA foreign_keys = ON")
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.executescript(_SCHEMA)
+            self._upgrade()
         except (sqlite3.Error, OSError) as e:
             raise HistoryError(f"cannot open the transcript library {self.path}: {e}") from None
+
+    def _upgrade(self) -> None:
+        if self._db.execute("PRAGMA user_version").fetchone()[0] >= _VERSION:
+            return
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(segments)")}
+        if "speaker" not in columns:
+            self._db.execute("ALTER TABLE segments ADD COLUMN speaker TEXT")
+        self._db.execute(f"PRAGMA user_version = {_VERSION}")
 
     def close(self) -> None:
         self._db.close()
@@ -216,8 +229,8 @@ class History:
                  journal))
             entry_id = cur.lastrowid
             self._db.executemany(
-                'INSERT INTO segments (transcript, start, "end", text, words) VALUES (?, ?, ?, ?, ?)',
-                ((entry_id, s.start, s.end, s.text.strip(), _words_json(s.words)) for s in lines))
+                'INSERT INTO segments (transcript, start, "end", text, words, speaker) VALUES (?, ?, ?, ?, ?, ?)',
+                ((entry_id, s.start, s.end, s.text.strip(), _words_json(s.words), s.speaker) for s in lines))
         return entry_id
 
     def entries(self) -> list[Entry]:
@@ -279,6 +292,22 @@ class History:
         with self._write():
             if self._db.execute("UPDATE transcripts SET title = ? WHERE id = ?", (title, entry_id)).rowcount == 0:
                 raise HistoryError(f"no transcript {entry_id} in the library")
+
+    def rename_speaker(self, entry_id: int, speaker: str, name: str) -> None:
+        """Gives every line of `speaker` in a transcript the name `name` ("Speaker 2" -> "Ada")."""
+        name = name.strip()
+        if not name:
+            raise HistoryError("a speaker needs a name")
+        with self._write():
+            self.entry(entry_id)
+            self._db.execute("UPDATE segments SET speaker = ? WHERE transcript = ? AND speaker = ?",
+                             (name, entry_id, speaker))
+
+    def speakers(self, entry_id: int) -> list[str]:
+        """The transcript's speakers in order of first appearance (none when it was not diarized)."""
+        rows = self._db.execute("SELECT speaker FROM segments WHERE transcript = ? AND speaker IS NOT NULL"
+                                " ORDER BY start, id", (entry_id,))
+        return list(dict.fromkeys(row[0] for row in rows))
 
     def edit(self, line_id: int, text: str) -> None:
         """Replaces a line's text; the transcribed text is kept for `revert`. Search and exports use the

@@ -202,6 +202,7 @@ class Segment:
         no_speech_prob: no-speech probability of the window.
         temperature: temperature the window was decoded at.
         words: the segment's words with their times, or None without word_timestamps.
+        speaker: who speaks ("Speaker 1"), when the transcript was diarized (speakers/pipeline.py); else None.
     """
 
     id: int
@@ -214,6 +215,7 @@ class Segment:
     no_speech_prob: float
     temperature: float
     words: list[Word] | None = None
+    speaker: str | None = None
 
 
 @dataclass(frozen=True)

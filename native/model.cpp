@@ -14,35 +14,12 @@
 #include "cpu.h"
 #include "int8-matmul.h"
 #include "ggml-alloc.h"
-#include "gguf.h"
+#include "gguf-file.h"
 #include "log.h"
 
 namespace aural {
 
 namespace {
-
-struct file_closer {
-    void operator()(FILE * f) const { std::fclose(f); }
-};
-using file_ptr = std::unique_ptr<FILE, file_closer>;
-
-struct gguf_deleter {
-    void operator()(gguf_context * g) const { gguf_free(g); }
-};
-using gguf_ptr = std::unique_ptr<gguf_context, gguf_deleter>;
-
-// gguf_get_val_* abort on a type mismatch, so every key is checked before it is read.
-uint32_t get_u32(gguf_context * meta, const std::string & key, const std::string & path) {
-    const int64_t id = gguf_find_key(meta, key.c_str());
-    if (id < 0) {
-        throw std::runtime_error(path + ": missing key '" + key + "' (not an Aural Whisper GGUF?)");
-    }
-    switch (gguf_get_kv_type(meta, id)) {
-        case GGUF_TYPE_UINT32: return gguf_get_val_u32(meta, id);
-        case GGUF_TYPE_INT32: return static_cast<uint32_t>(gguf_get_val_i32(meta, id));
-        default: throw std::runtime_error(path + ": key '" + key + "' has the wrong type");
-    }
-}
 
 // Text from the file, fit for an error message: bytes outside printable ASCII become \xNN. pybind11
 // decodes exception messages as UTF-8, so a damaged name would otherwise surface as UnicodeDecodeError
@@ -59,14 +36,6 @@ std::string printable(const std::string & text) {
         }
     }
     return out;
-}
-
-std::string shape_str(const ggml_tensor * t) {
-    std::string s = "[";
-    for (int i = 0; i < ggml_n_dims(t); ++i) {
-        s += (i ? ", " : "") + std::to_string(t->ne[i]);
-    }
-    return s + "]";
 }
 
 // The device's extra buffer types, best first (ggml-cpu: AMX, then CPU_REPACK), less those the CPU level
@@ -104,11 +73,7 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->n_threads = n_threads > 0 ? n_threads : default_threads();
 
     ggml_context * meta_ctx = nullptr;
-    gguf_init_params params = {/*.no_alloc =*/ true, /*.ctx =*/ &meta_ctx};
-    gguf_ptr meta(gguf_init_from_file(path.c_str(), params));
-    if (!meta) {
-        throw std::runtime_error(path + ": not a readable GGUF file (corrupt or truncated header)");
-    }
+    gguf_ptr meta = open_gguf(path, &meta_ctx);
     m->ctx_ = meta_ctx;
     m->read_hparams(meta.get());
     m->bind_tensors();
@@ -154,16 +119,16 @@ void model::read_hparams(gguf_context * meta) {
     if (arch != "whisper") {
         throw std::runtime_error(path + ": architecture is '" + printable(arch) + "', expected 'whisper'");
     }
-    hp.n_vocab = get_u32(meta, "whisper.vocab_size", path);
-    hp.n_audio_ctx = get_u32(meta, "whisper.audio.context_length", path);
-    hp.n_audio_state = get_u32(meta, "whisper.audio.embedding_length", path);
-    hp.n_audio_head = get_u32(meta, "whisper.audio.head_count", path);
-    hp.n_audio_layer = get_u32(meta, "whisper.audio.block_count", path);
-    hp.n_text_ctx = get_u32(meta, "whisper.text.context_length", path);
-    hp.n_text_state = get_u32(meta, "whisper.text.embedding_length", path);
-    hp.n_text_head = get_u32(meta, "whisper.text.head_count", path);
-    hp.n_text_layer = get_u32(meta, "whisper.text.block_count", path);
-    hp.n_mels = get_u32(meta, "whisper.n_mels", path);
+    hp.n_vocab = gguf_u32(meta, "whisper.vocab_size", path, "Whisper");
+    hp.n_audio_ctx = gguf_u32(meta, "whisper.audio.context_length", path, "Whisper");
+    hp.n_audio_state = gguf_u32(meta, "whisper.audio.embedding_length", path, "Whisper");
+    hp.n_audio_head = gguf_u32(meta, "whisper.audio.head_count", path, "Whisper");
+    hp.n_audio_layer = gguf_u32(meta, "whisper.audio.block_count", path, "Whisper");
+    hp.n_text_ctx = gguf_u32(meta, "whisper.text.context_length", path, "Whisper");
+    hp.n_text_state = gguf_u32(meta, "whisper.text.embedding_length", path, "Whisper");
+    hp.n_text_head = gguf_u32(meta, "whisper.text.head_count", path, "Whisper");
+    hp.n_text_layer = gguf_u32(meta, "whisper.text.block_count", path, "Whisper");
+    hp.n_mels = gguf_u32(meta, "whisper.n_mels", path, "Whisper");
     if (hp.n_audio_head == 0 || hp.n_audio_state % hp.n_audio_head != 0 || hp.n_text_head == 0 ||
         hp.n_text_state % hp.n_text_head != 0 || hp.n_audio_layer == 0 || hp.n_text_layer == 0) {
         throw std::runtime_error(path + ": inconsistent hyper-parameters (heads do not divide the width)");

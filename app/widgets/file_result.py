@@ -16,7 +16,7 @@ from .file_queue import format_duration
 __all__ = ["EXPORT_FORMATS", "FileResultView"]
 
 EXPORT_FORMATS = ("txt", "srt", "vtt", "json")
-_START, _END, _TEXT = range(3)
+_START, _END, _SPEAKER, _TEXT = range(4)
 
 
 class FileResultView(QWidget):
@@ -31,8 +31,9 @@ class FileResultView(QWidget):
         self._summary.setWordWrap(True)
         self._selected = QLabel("")
         self._selected.setObjectName("segmentTime")
-        self._table = QTableWidget(0, 3)
-        self._table.setHorizontalHeaderLabels(("Start", "End", "Text"))
+        self._table = QTableWidget(0, 4)
+        self._table.setHorizontalHeaderLabels(("Start", "End", "Speaker", "Text"))
+        self._table.setColumnHidden(_SPEAKER, True)  # shown once a transcript names its speakers
         self._table.verticalHeader().setVisible(False)
         self._table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self._table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -41,6 +42,7 @@ class FileResultView(QWidget):
         header = self._table.horizontalHeader()
         header.setSectionResizeMode(_START, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(_END, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(_SPEAKER, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(_TEXT, QHeaderView.ResizeMode.Stretch)
         self._table.currentCellChanged.connect(self._show_time)
         self._exports = {fmt: QPushButton(fmt.upper()) for fmt in EXPORT_FORMATS}
@@ -82,6 +84,7 @@ class FileResultView(QWidget):
         """Replace the view with `job`'s segments and summary."""
         self._table.setRowCount(0)
         self._selected.clear()
+        self._table.setColumnHidden(_SPEAKER, not any(getattr(s, "speaker", None) for s in job.segments))
         for segment in job.segments:
             self.append_segment(segment)
         self.set_summary(job)
@@ -91,7 +94,7 @@ class FileResultView(QWidget):
         row = self._table.rowCount()
         self._table.insertRow(row)
         for column, text in ((_START, format_timestamp(segment.start)), (_END, format_timestamp(segment.end)),
-                             (_TEXT, segment.text.strip())):
+                             (_SPEAKER, getattr(segment, "speaker", None) or ""), (_TEXT, segment.text.strip())):
             item = QTableWidgetItem(text)
             item.setData(Qt.ItemDataRole.UserRole, (segment.start, segment.end))
             self._table.setItem(row, column, item)

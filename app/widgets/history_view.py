@@ -33,7 +33,8 @@ _HIT_HEADERS = ("Transcript", "At", "Match")
 # Item data: the transcript's id, the line's start (s), the line's id, an edited line's transcribed words, the
 # line's timed words.
 _ID, _START, _LINE, _ORIGINAL, _WORDS = (Qt.ItemDataRole.UserRole + k for k in range(5))
-_TEXT = 2  # the lines' text column, the one a user edits
+_SPEAKER, _TEXT = 2, 3  # the lines' columns a user edits: who speaks (a diarized transcript), the text
+_NAME = Qt.ItemDataRole.UserRole + 5  # a speaker cell's name as kept, before the user's edit
 _HEARD = QColor(255, 196, 0, 70)  # the background of the line being played: a translucent amber on either theme
 
 
@@ -95,7 +96,7 @@ class HistoryView(QWidget):
         self.title = QLabel("Transcripts of files and live sessions are kept here.")
         self.title.setObjectName("historyTitle")
         self.title.setWordWrap(True)
-        self.lines = self._table(("Start", "End", "Text"))
+        self.lines = self._table(("Start", "End", "Speaker", "Text"))
         self.lines.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
                                    | QAbstractItemView.EditTrigger.EditKeyPressed)
         self.lines.itemChanged.connect(self._on_line_edited)
@@ -233,6 +234,7 @@ class HistoryView(QWidget):
         self._show_title(entry)
         self.lines.setRowCount(0)
         self._heard = self._word = -1
+        self.lines.setColumnHidden(_SPEAKER, not any(line.speaker for line in lines))
         for line in lines:
             self._add_line(line)
         self._set_actions(True)
@@ -253,13 +255,18 @@ class HistoryView(QWidget):
         row = self.lines.rowCount()
         self.lines.insertRow(row)
         self.lines.blockSignals(True)  # filling the table is no edit
-        for column, text in enumerate((format_timestamp(line.start), format_timestamp(line.end), line.text)):
+        texts = (format_timestamp(line.start), format_timestamp(line.end), line.speaker or "", line.text)
+        for column, text in enumerate(texts):
             item = _item(text, self.shown_id, line.start)
             item.setData(_LINE, line.id)
             item.setData(_WORDS, line.timed_words)
-            if column != _TEXT:
+            if column not in (_SPEAKER, _TEXT) or (column == _SPEAKER and not line.speaker):
                 item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
             self.lines.setItem(row, column, item)
+        if line.speaker:
+            speaker = self.lines.item(row, _SPEAKER)
+            speaker.setData(_NAME, line.speaker)
+            speaker.setToolTip("Double-click to rename this speaker in the whole transcript")
         self.lines.blockSignals(False)
         self._mark_edited(row, line.original)
         self.lines.resizeRowToContents(row)
@@ -277,6 +284,9 @@ class HistoryView(QWidget):
 
     @Slot(QTableWidgetItem)
     def _on_line_edited(self, item: QTableWidgetItem) -> None:
+        if item.column() == _SPEAKER and self.shown_id is not None:
+            self.rename_speaker(item.data(_NAME), item.text())
+            return
         if item.column() != _TEXT or self.shown_id is None:
             return
         self._guarded(self.history.edit, item.data(_LINE), item.text())
@@ -290,6 +300,19 @@ class HistoryView(QWidget):
         self.lines.blockSignals(False)
         self._mark_edited(row, line.original)
         self._show_line_actions()
+
+    def rename_speaker(self, speaker: str, name: str) -> None:
+        """Names `speaker` `name` on every line of the shown transcript (an empty name changes nothing)."""
+        if name.strip():
+            self._guarded(self.history.rename_speaker, self.shown_id, speaker, name)
+        kept = {line.id: line.speaker for line in self.history.lines(self.shown_id)}
+        self.lines.blockSignals(True)
+        for row in range(self.lines.rowCount()):
+            item = self.lines.item(row, _SPEAKER)
+            if item.data(_NAME) is not None:
+                item.setText(kept[item.data(_LINE)])
+                item.setData(_NAME, kept[item.data(_LINE)])
+        self.lines.blockSignals(False)
 
     def edit_line(self, row: int, text: str) -> None:
         """What a user's edit of line `row` does (tests and scripts)."""

@@ -14,11 +14,13 @@ from PySide6.QtWidgets import (QCheckBox, QColorDialog, QComboBox, QDialog, QDia
                                QFormLayout, QGroupBox, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from aural.engine.runtime import MAX_SEQUENCES, ComputeDevice
+from aural.engine.speakers.weights import installed as speaker_models_installed
 from aural.engine.transcribe import TranscribeOptions
 
 from ..settings import Key, Settings
 
-__all__ = ["AUTO_DEVICE_LABEL", "ColorButton", "PreferencesDialog", "device_label", "transcribe_options"]
+__all__ = ["AUTO_DEVICE_LABEL", "ColorButton", "PreferencesDialog", "device_label", "diarize_files",
+           "transcribe_options"]
 
 AUTO_DEVICE_LABEL = "Automatic (best device)"
 
@@ -34,6 +36,11 @@ def transcribe_options(settings: Settings) -> TranscribeOptions:
         initial_prompt=settings.get(Key.INITIAL_PROMPT).strip() or None,
         task="translate" if settings.get(Key.TRANSLATE) else "transcribe",
     )
+
+
+def diarize_files(settings: Settings) -> bool:
+    """Whether files are diarized: asked for in the Preferences, and the speaker models are installed."""
+    return settings.get(Key.DIARIZE) and speaker_models_installed()
 
 
 class ColorButton(QPushButton):
@@ -111,6 +118,11 @@ class PreferencesDialog(QDialog):
         self.hotwords = QLineEdit(placeholderText="names or terms likely to be spoken")
         self.initial_prompt = QLineEdit(placeholderText="text that sets the style of the first window")
         self.translate = QCheckBox("Translate to English (multilingual models)")
+        self.diarize = QCheckBox("Identify speakers (Speaker 1, 2, …)")
+        self.diarize.setToolTip("After a file is transcribed, find who spoke when and name each line's speaker")
+        if not speaker_models_installed():
+            self.diarize.setEnabled(False)
+            self.diarize.setToolTip("Needs the speaker models: run `aural models pull speakers` (a 90 MB download)")
         self.font_family = QFontComboBox()
         self.font_family.setToolTip("The captions' typeface")
         self.font_px = QSpinBox(minimum=0, maximum=400, suffix=" px", specialValueText="follows the window")
@@ -130,6 +142,7 @@ class PreferencesDialog(QDialog):
         form.addRow("Hot words", self.hotwords)
         form.addRow("Initial prompt", self.initial_prompt)
         form.addRow("", self.translate)
+        form.addRow("", self.diarize)
         captions = QGroupBox("Caption window")
         form = QFormLayout(captions)
         form.addRow("Font", self.font_family)
@@ -158,6 +171,7 @@ class PreferencesDialog(QDialog):
                 (Key.HOTWORDS, self.hotwords.text, self.hotwords.setText),
                 (Key.INITIAL_PROMPT, self.initial_prompt.text, self.initial_prompt.setText),
                 (Key.TRANSLATE, self.translate.isChecked, self.translate.setChecked),
+                (Key.DIARIZE, self.diarize.isChecked, self.diarize.setChecked),
                 (Key.CAPTION_FONT_FAMILY, lambda: self.font_family.currentFont().family(), self._set_family),
                 (Key.CAPTION_FONT_PX, self.font_px.value, self.font_px.setValue),
                 (Key.CAPTION_ON_TOP, self.on_top.isChecked, self.on_top.setChecked),

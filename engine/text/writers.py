@@ -3,7 +3,7 @@
 Every writer streams: it consumes segments one at a time and writes each to the file handle at
 once, so a long transcription never becomes one big string and a lazy `Transcription` can be written
 while it is still decoding. A segment is any object with `start`, `end` (seconds), `text` and `tokens`;
-`id` and a `words` list are used when present.
+`id`, a `words` list and a `speaker` name (diarization: "Speaker 1") are used when present.
 """
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ _dumps = partial(json.dumps, ensure_ascii=False, default=str)
 
 
 class Cue(NamedTuple):
-    """One subtitle event: times in seconds and its (already wrapped) lines of text."""
+    """One subtitle event: times in seconds, its (already wrapped) lines of text and who says them."""
 
     start: float
     end: float
     lines: tuple[str, ...]
+    speaker: str | None = None
 
 
 def format_timestamp(seconds: float, decimal_marker: str = ".") -> str:
@@ -132,10 +133,11 @@ def iter_cues(
             continue
         start = max(0.0, float(segment.start))
         end = max(start, float(segment.end))
+        speaker = getattr(segment, "speaker", None)
         for piece_start, piece_end, piece in _spread(start, end, _cue_pieces(words, max_line_len)):
             for cue_start, cue_end, part in _limit_duration(piece_start, piece_end, piece, max_cue_s):
                 lines = _wrap(part, max_line_len) if max_line_len else [part]
-                yield Cue(cue_start, cue_end, tuple(" ".join(line) for line in lines))
+                yield Cue(cue_start, cue_end, tuple(" ".join(line) for line in lines), speaker)
 
 
 def merge_fragments(segments: Iterable[Any], *, max_chars: int = MAX_LINES_PER_CUE * DEFAULT_MAX_LINE_LEN,
@@ -167,6 +169,7 @@ def merge_fragments(segments: Iterable[Any], *, max_chars: int = MAX_LINES_PER_C
 def _starts_cue(group: list[Any], segment: Any, max_chars: int, max_cue_s: float, max_gap_s: float) -> bool:
     last = group[-1]
     return (str(last.text).strip().endswith(_SENTENCE_ENDS) or segment.start - last.end > max_gap_s
+            or getattr(segment, "speaker", None) != getattr(last, "speaker", None)
             or segment.end - group[0].start > max_cue_s
             or len(_joined(0, group + [segment]).text) > max_chars)
 
@@ -179,11 +182,12 @@ def _joined(index: int, group: list[Any]) -> Any:
 
 
 def write_txt(segments: Iterable[Any], fh: TextIO) -> None:
-    """One line of stripped text per non-empty segment."""
+    """One line of stripped text per non-empty segment, after "Speaker 1: " when the segment names its speaker."""
     for segment in segments:
         text = str(segment.text).strip()
+        speaker = getattr(segment, "speaker", None)
         if text:
-            fh.write(f"{text}\n")
+            fh.write(f"{speaker}: {text}\n" if speaker else f"{text}\n")
 
 
 def write_srt(
@@ -193,10 +197,11 @@ def write_srt(
     max_line_len: int | None = DEFAULT_MAX_LINE_LEN,
     max_cue_s: float | None = DEFAULT_MAX_CUE_S,
 ) -> None:
-    """SubRip: numbered cues, `HH:MM:SS,mmm` times."""
+    """SubRip: numbered cues, `HH:MM:SS,mmm` times; a cue's speaker as a `[Speaker 1] ` prefix (SubRip has no
+    voice markup; brackets are the captioning convention for who speaks)."""
     count = 0
     for count, cue in enumerate(iter_cues(segments, max_line_len=max_line_len, max_cue_s=max_cue_s), start=1):
-        text = "\n".join(cue.lines)
+        text = ("" if cue.speaker is None else f"[{cue.speaker}] ") + "\n".join(cue.lines)
         fh.write(f"{count}\n{format_timestamp(cue.start, ',')} --> {format_timestamp(cue.end, ',')}\n{text}\n\n")
     logger.debug("wrote %d SRT cues", count)
 
@@ -214,11 +219,13 @@ def write_vtt(
     max_line_len: int | None = DEFAULT_MAX_LINE_LEN,
     max_cue_s: float | None = DEFAULT_MAX_CUE_S,
 ) -> None:
-    """WebVTT: the `WEBVTT` header, then cues with `HH:MM:SS.mmm` times."""
+    """WebVTT: the `WEBVTT` header, then cues with `HH:MM:SS.mmm` times; a cue's speaker as a voice span
+    (`<v Speaker 1>`, W3C WebVTT 4.2.2), which players show or style as the speaker's name."""
     fh.write("WEBVTT\n\n")
     count = 0
     for count, cue in enumerate(iter_cues(segments, max_line_len=max_line_len, max_cue_s=max_cue_s), start=1):
-        text = "\n".join(_vtt_escape(line) for line in cue.lines)
+        voice = "" if cue.speaker is None else f"<v {_vtt_escape(cue.speaker)}>"
+        text = voice + "\n".join(_vtt_escape(line) for line in cue.lines)
         fh.write(f"{format_timestamp(cue.start)} --> {format_timestamp(cue.end)}\n{text}\n\n")
     logger.debug("wrote %d VTT cues", count)
 
@@ -258,6 +265,9 @@ def _segment_record(index: int, segment: Any) -> dict[str, Any]:
         "text": str(segment.text).strip(),
         "tokens": [int(token) for token in segment.tokens],
     }
+    speaker = getattr(segment, "speaker", None)
+    if speaker is not None:
+        record["speaker"] = speaker
     words = getattr(segment, "words", None)
     if words:
         record["words"] = [_word_record(word) for word in words]

@@ -10,5 +10,6 @@ void register_kernels(pybind11::module_ & m);  // Aural's CPU kernels alone, for
 void register_logits(pybind11::module_ & m);  // top-k log-probabilities of decoder logits
 void register_model(pybind11::module_ & m);
 void register_context(pybind11::module_ & m);
+void register_speaker(pybind11::module_ & m);  // CAM++ speaker embeddings
 
 }  // namespace aural::bindings

@@ -33,4 +33,5 @@ PYBIND11_MODULE(_native, m) {
     aural::bindings::register_logits(m);
     aural::bindings::register_model(m);
     aural::bindings::register_context(m);
+    aural::bindings::register_speaker(m);
 }
