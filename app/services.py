@@ -22,7 +22,8 @@ from aural.engine.errors import ModelError
 from aural.engine.live.capture import (InputDevice, MicrophoneSource, list_input_devices, open_input,
                                       portaudio_input_devices)
 from aural.engine.live.mix import MixSource, mix_parts
-from aural.engine.live.journal import Session, SessionJournal, mark_session, prune_sessions, unclosed_sessions
+from aural.engine.live.journal import (AUDIO_RATE, Session, SessionJournal, mark_session, prune_sessions,
+                                       unclosed_sessions)
 from aural.engine.live.streaming import Commit, Metrics, StreamOptions
 from aural.engine.metrics import Timings
 from aural.engine.models.store import DEFAULT_MODEL, ModelEntry, catalog_models, list_models
@@ -354,11 +355,12 @@ class LiveSession(QObject):
         self._models = models
         self._open_source = open_source
         self._running: LiveWorker | None = None
-        self._pending: tuple[str, str | None, str] | None = None
+        self._pending: tuple[str, str | None, str, bool] | None = None
         self.transcript: list[CaptionSegment] = []
         self._cleared: list[CaptionSegment] = []  # what the last Clear removed, for undo_clear
         self._offset_s = 0.0  # transcript time of this run's input time 0
         self._run_audio_s = 0.0
+        self._run_recorded_s = 0.0  # audio of this run kept so far (worker thread)
         self._journal = SessionJournal(source="app")  # in engine.journal.sessions_dir()
         prune_sessions(self._journal.directory)  # sessions that ended over KEEP_DAYS ago (a few stat calls)
         models.ready.connect(self._start_pending)
@@ -367,11 +369,12 @@ class LiveSession(QObject):
     def running(self) -> bool:
         return self._running is not None or self._pending is not None
 
-    def start(self, device: str, language: str | None, kv_mode: str) -> None:
-        """Start now, or as soon as the model being loaded is ready. `device` is an input's name."""
+    def start(self, device: str, language: str | None, kv_mode: str, *, keep_audio: bool = False) -> None:
+        """Start now, or as soon as the model being loaded is ready. `device` is an input's name;
+        `keep_audio`: the session's audio goes beside its journal (engine.live.journal), for the History tab."""
         if self.running:
             return
-        self._pending = (device, language, kv_mode)
+        self._pending = (device, language, kv_mode, keep_audio)
         self.running_changed.emit(True)
         self._start_pending()
 
@@ -436,12 +439,13 @@ class LiveSession(QObject):
         model = self._models.model
         if self._pending is None or self._running is not None or model is None:
             return
-        device, language, kv_mode = self._pending
+        device, language, kv_mode, keep_audio = self._pending
         self._pending = None
-        self._run_audio_s = 0.0
+        self._run_audio_s = self._run_recorded_s = 0.0
         options = StreamOptions(language=_for_model(model, language))
         self._journal.model = model.name
-        worker = LiveWorker(model, lambda: self._open_source(device), options, kv_mode, self._journal_commit)
+        worker = LiveWorker(model, lambda: self._open_source(device), options, kv_mode, self._journal_commit,
+                            self._record if keep_audio else None)
         # Partials, metrics and levels come many times a second: queued, so the engine never waits on the GUI.
         worker.partial.connect(self.partial, Qt.ConnectionType.QueuedConnection)
         worker.metrics.connect(self._on_metrics, Qt.ConnectionType.QueuedConnection)
@@ -453,6 +457,11 @@ class LiveSession(QObject):
         worker.finished.connect(self._on_finished)
         start_worker(worker, self)
         self._running = worker
+
+    def _record(self, samples) -> None:
+        """Runs on the worker's thread: the run's audio at its place on the transcript's timeline."""
+        self._journal.record(samples, self._offset_s + self._run_recorded_s)
+        self._run_recorded_s += len(samples) / AUDIO_RATE
 
     def _journal_commit(self, commit: Commit) -> None:
         """Runs on the worker's thread: the commit is on disk before the GUI sees it, with the same

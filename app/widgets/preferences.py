@@ -129,11 +129,15 @@ class PreferencesDialog(QDialog):
         self.on_top = QCheckBox("Always on top")
         self.text_color = ColorButton()
         self.background = ColorButton()
+        self.keep_live_audio = QCheckBox("Keep the audio of live sessions")
+        self.keep_live_audio.setToolTip("Saved beside the session's text (about 60 MB an hour), so the History tab "
+                                        "can play it and identify its speakers; deleting the session deletes it")
         general = QGroupBox("General")
         form = QFormLayout(general)
         form.addRow("Model", self.model)
         form.addRow("Compute device", self.compute_device)
         form.addRow("Default input", self.input)
+        form.addRow("", self.keep_live_audio)
         decoding = QGroupBox("Transcribing files")
         form = QFormLayout(decoding)
         form.addRow("Beam size", self.beam_size)
@@ -172,6 +176,7 @@ class PreferencesDialog(QDialog):
                 (Key.INITIAL_PROMPT, self.initial_prompt.text, self.initial_prompt.setText),
                 (Key.TRANSLATE, self.translate.isChecked, self.translate.setChecked),
                 (Key.DIARIZE, self.diarize.isChecked, self.diarize.setChecked),
+                (Key.KEEP_LIVE_AUDIO, self.keep_live_audio.isChecked, self.keep_live_audio.setChecked),
                 (Key.CAPTION_FONT_FAMILY, lambda: self.font_family.currentFont().family(), self._set_family),
                 (Key.CAPTION_FONT_PX, self.font_px.value, self.font_px.setValue),
                 (Key.CAPTION_ON_TOP, self.on_top.isChecked, self.on_top.setChecked),

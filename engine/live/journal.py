@@ -13,8 +13,14 @@ when the process dies however it dies: a locked session belongs to a running pro
 on Linux); platformdirs is already how the model cache finds its folder.
 
     journal = SessionJournal(model="whisper-tiny.en", source="aural live")
+    journal.record(samples, at_s=0.0)                         # the audio too, when the user keeps it
     journal.append("ask not what your country", 1.2, 2.9)   # on disk when this returns
     journal.close()                                           # a clean stop
+
+A session's audio, when kept, is `<journal>.flac` beside it (16 kHz mono, 16-bit FLAC: about 60 MB an hour),
+on the journal's timeline, so the History tab plays it under the text and can find its speakers. It is
+written as it comes but not fsynced: the text is what a crash must never lose. Pruning leaves it alone
+(the library may still show the session); deleting the session from the library deletes it.
 
     for session in unclosed_sessions():
         print(session.started, session.text)
@@ -35,10 +41,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import platformdirs
+import soundfile as sf
 
-__all__ = ["KEEP_DAYS", "OUTCOMES", "JournalEntry", "Session", "SessionJournal", "mark_session", "prune_sessions",
-           "read_session", "sessions_dir", "unclosed_sessions", "user_data_dir"]
+__all__ = ["AUDIO_RATE", "KEEP_DAYS", "OUTCOMES", "JournalEntry", "Session", "SessionJournal", "audio_of",
+           "mark_session", "prune_sessions", "read_session", "sessions_dir", "unclosed_sessions", "user_data_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +58,12 @@ OUTCOMES = ("stopped", "restored", "discarded")
 # launch; the app's transcript panel is the place to keep text for good (export).
 KEEP_DAYS = 30.0
 _serial = itertools.count(1)  # file names stay unique within a process and a second
+AUDIO_RATE = 16000  # Hz, what the live engine reads
+
+
+def audio_of(journal: Path) -> Path:
+    """Where a session's audio is kept, when it is."""
+    return journal.with_suffix(".flac")
 
 
 def user_data_dir() -> Path:
@@ -125,8 +139,28 @@ class SessionJournal:
         self.source = source
         self.directory = directory or sessions_dir()
         self.path: Path | None = None
+        self._stem: Path | None = None  # the session's name, chosen by its first commit or audio
         self._file = None
+        self._audio: sf.SoundFile | None = None
         self._lock = threading.Lock()
+
+    def record(self, samples: np.ndarray, at_s: float) -> None:
+        """Keeps audio (float32, 16 kHz mono) beginning `at_s` seconds into the journal's timeline; time
+        not recorded before it (a pause between runs, restored text) is kept as silence."""
+        with self._lock:
+            if self._audio is None:
+                self._audio = sf.SoundFile(audio_of(self._session_stem()), "w", AUDIO_RATE, 1, "PCM_16", format="FLAC")
+            gap = int(round(at_s * AUDIO_RATE)) - self._audio.frames
+            if gap > 0:
+                self._audio.write(np.zeros(gap, np.float32))
+            self._audio.write(np.clip(np.asarray(samples, np.float32).reshape(-1), -1.0, 1.0))
+
+    def _session_stem(self) -> Path:
+        if self._stem is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            stamp = datetime.fromtimestamp(time.time()).strftime("%Y%m%d-%H%M%S")
+            self._stem = self.directory / f"session-{stamp}-{os.getpid()}-{next(_serial)}.jsonl"
+        return self._stem
 
     def append(self, text: str, start: float, end: float) -> None:
         """Journals one commit; it is on disk (fsync) when this returns."""
@@ -149,7 +183,13 @@ class SessionJournal:
         the session in the transcript library beside the sessions folder (history.History). Safe to call
         twice."""
         with self._lock:
-            if self._file is None:
+            audio, self._audio = self._audio, None
+            if audio is not None:
+                audio.close()
+            stem, self._stem = self._stem, None
+            if self._file is None:  # nothing committed: no session, and no audio kept for it
+                if audio is not None:
+                    audio_of(stem).unlink(missing_ok=True)
                 return
             self._write([{"type": "end", "outcome": "stopped", "wall": time.time()}])
             self._file.close()  # drops the flock
@@ -158,10 +198,8 @@ class SessionJournal:
         _keep_in_history(path)
 
     def _open(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
         started = time.time()
-        stamp = datetime.fromtimestamp(started).strftime("%Y%m%d-%H%M%S")
-        self.path = self.directory / f"session-{stamp}-{os.getpid()}-{next(_serial)}.jsonl"
+        self.path = self._session_stem()
         self._file = open(self.path, "x", encoding="utf-8")
         fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         header = {"type": "header", "version": _VERSION, "model": self.model, "source": self.source,
