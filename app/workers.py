@@ -23,6 +23,7 @@ from aural.engine.audio import load_audio
 from aural.engine.errors import AuralError
 from aural.engine.features import N_FRAMES, N_SAMPLES, window_mel
 from aural.engine.history import History, HistoryError, Line, TimedWord
+from aural.engine.live.journal import RecordedSource
 from aural.engine.live.mix import MixSource
 from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
 from aural.engine.models.download import TransferRate
@@ -398,18 +399,14 @@ class MeteredSource:
     every 0.1 s while it keeps up, in one piece after a long decode step.
     """
 
-    def __init__(self, source, on_level: Callable[[float], None], on_levels: Callable[[list], None],
-                 on_samples: Callable[[np.ndarray], None] | None = None):
+    def __init__(self, source, on_level: Callable[[float], None], on_levels: Callable[[list], None]):
         self._source = source
         self._on_level = on_level
         self._on_levels = on_levels
-        self._on_samples = on_samples  # every sample the engine reads, in order (the session's recording)
 
     def read(self, timeout_s: float = 0.1) -> np.ndarray | None:
         samples = self._source.read(timeout_s)
         if samples is not None and samples.size:
-            if self._on_samples is not None:
-                self._on_samples(samples)
             if isinstance(self._source, MixSource):
                 self._on_levels(list(self._source.levels))
             else:
@@ -448,8 +445,10 @@ class LiveWorker(_Worker):
 
     def _work(self) -> None:
         signals = {Partial: self.partial, Commit: self.commit, Metrics: self.metrics, DeviceFallback: self.fallback}
-        source = MeteredSource(self._open_source(), self.level.emit, self.levels.emit,
-                               self._record_audio if self._record else None)
+        source = self._open_source()
+        if self._record is not None:
+            source = RecordedSource(source, self._record_audio)
+        source = MeteredSource(source, self.level.emit, self.levels.emit)
         for event in live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop):
             if isinstance(event, Error):
                 self.failed.emit(event.message)

@@ -621,6 +621,9 @@ def _add_live(subparsers: Any) -> None:
     p.add_argument("--speed", type=float, default=1.0, metavar="X",
                    help="--replay pace: 1.0 real time (default), 0 as fast as decoding goes")
     p.add_argument("--json", action="store_true", help="one JSON object per event (partial, commit, metrics, error)")
+    p.add_argument("--keep-audio", action="store_true",
+                   help="keep the session's audio beside its journal, so the History tab plays it and can identify "
+                        "its speakers")
     p.add_argument("-m", "--model", help="model name, .gguf, whisper.cpp ggml .bin, or CTranslate2 or Hugging Face "
                    "Whisper directory (default: the bundled model)")
     p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
@@ -675,7 +678,7 @@ def _run_live(args: argparse.Namespace) -> int:
     import threading
 
     from .live.capture import ReplaySource, list_input_devices, open_input
-    from .live.journal import SessionJournal, prune_sessions
+    from .live.journal import AUDIO_RATE, RecordedSource, SessionJournal, prune_sessions
     from .live.mix import MixSource
     from .live.streaming import Commit, Error, Metrics, Partial, event_dict, flagged_options, live_events
     from .text.tokenizer import normalize_language
@@ -697,10 +700,18 @@ def _run_live(args: argparse.Namespace) -> int:
         return _usage_error(args.parser, str(exc))
     stop = threading.Event()
     model = _model_loader(args)()
-    events = live_events(model, source, options, kv_mode=args.kv_mode, stop=stop)
     # Each commit is on disk before it is printed: a crash leaves the session for the app to restore.
     journal = SessionJournal(model=model.name, source="aural live")
     prune_sessions(journal.directory)
+    if args.keep_audio:
+        heard = [0]  # samples recorded so far: the next block's place on the input's timeline
+
+        def record(block: Any) -> None:
+            journal.record(block, heard[0] / AUDIO_RATE)
+            heard[0] += len(block)
+
+        source = RecordedSource(source, record)
+    events = live_events(model, source, options, kv_mode=args.kv_mode, stop=stop)
     tty, line, last, failed = sys.stdout.isatty() and not args.json, "", None, False
     default_handler = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, lambda *_: (stop.set(), signal.signal(signal.SIGINT, default_handler)))

@@ -209,3 +209,15 @@ def test_two_connections_share_the_file(tmp_path):
         b.delete(jfk)
         assert a.entries() == []
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_aural_live_keep_audio_keeps_what_it_heard_beside_the_session(tmp_path, jfk_wav):
+    import soundfile as sf
+
+    env = {**os.environ, "AURAL_USER_DATA_DIR": str(tmp_path)}
+    proc = run_cli(env, "live", "--replay", jfk_wav, "--speed", "0", "--keep-audio", "--json")
+    assert proc.returncode == 0, proc.stderr
+    [entry] = History(tmp_path / "history.sqlite3").entries()
+    assert entry.kind == "live" and entry.audio is not None
+    assert abs(sf.info(entry.audio).frames - sf.info(jfk_wav).frames) <= 1600  # what the engine read, whole
+    assert "country" in " ".join(line.text for line in History(tmp_path / "history.sqlite3").lines(entry.id))

@@ -45,7 +45,8 @@ import numpy as np
 import platformdirs
 import soundfile as sf
 
-__all__ = ["AUDIO_RATE", "KEEP_DAYS", "OUTCOMES", "JournalEntry", "Session", "SessionJournal", "audio_of",
+__all__ = ["AUDIO_RATE", "KEEP_DAYS", "OUTCOMES", "JournalEntry", "RecordedSource", "Session", "SessionJournal",
+           "audio_of",
            "mark_session", "prune_sessions", "read_session", "sessions_dir", "unclosed_sessions", "user_data_dir"]
 
 logger = logging.getLogger(__name__)
@@ -212,6 +213,27 @@ class SessionJournal:
         self._file.write("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
         self._file.flush()
         os.fsync(self._file.fileno())
+
+
+class RecordedSource:
+    """A capture source passed through unchanged, every block the engine reads from it handed to `record`
+    too, in order, on the reading thread (the audio callback only fills the ring, as ever).
+
+        source = RecordedSource(open_input(None), lambda block: journal.record(block, at_s=...))
+    """
+
+    def __init__(self, source, record) -> None:
+        self._source = source
+        self._record = record
+
+    def read(self, timeout_s: float = 0.1) -> np.ndarray | None:
+        samples = self._source.read(timeout_s)
+        if samples is not None and samples.size:
+            self._record(samples)
+        return samples
+
+    def __getattr__(self, name: str):
+        return getattr(self._source, name)
 
 
 def _keep_in_history(path: Path) -> None:
