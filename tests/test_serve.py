@@ -126,6 +126,27 @@ def test_the_openai_client_gets_words_and_segments(server, jfk_wav):
     assert all(s.avg_logprob < 0 and 0 <= s.no_speech_prob <= 1 for s in result.segments)
 
 
+def test_the_openai_client_gets_who_said_what_as_diarized_json(server, two_voices, speaker_models):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    path, change = two_voices
+    with open(path, "rb") as fh:
+        result = client.audio.transcriptions.create(model="tiny.en", file=fh, response_format="diarized_json")
+    assert result.task == "transcribe" and result.duration == pytest.approx(22.0, abs=0.1)
+    assert {s.speaker for s in result.segments} == {"A", "B"} and result.segments[0].speaker == "A"
+    assert all(s.type == "transcript.text.segment" and s.id for s in result.segments)
+    jfk = [s for s in result.segments if "country" in s.text.lower()]
+    assert jfk and all(s.speaker == "B" for s in jfk)
+    assert all(s.speaker == "A" for s in result.segments if s.end < change - 0.5)
+
+
+def test_diarized_json_without_speaker_models_says_how_to_get_them(server, jfk_wav, tmp_path, monkeypatch):
+    monkeypatch.setenv("AURAL_CACHE_DIR", str(tmp_path))  # a server whose cache holds no speaker models
+    response = server.post("/v1/audio/transcriptions", jfk_wav, model="tiny.en", response_format="diarized_json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "response_format" and "aural models pull speakers" in error["message"]
+
+
 def test_a_wrong_key_is_refused(server, jfk_wav):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong")
     with open(jfk_wav, "rb") as fh, pytest.raises(openai.AuthenticationError, match="API key"):

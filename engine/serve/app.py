@@ -12,6 +12,7 @@ away stops its work within one decoder step (`cancel.StopEvent`), and frees its 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import os
@@ -31,17 +32,19 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from .. import __version__
-from ..audio import probe
+from ..audio import load_audio, probe
 from ..cancel import StopEvent
 from ..errors import AudioError, AuralError
 from ..runtime import WhisperModel
+from ..speakers import Diarizer, assign_speakers
+from ..speakers.weights import installed as speaker_models_installed
 from ..text.chinese import default_script, localize_segments
 from ..text.tokenizer import normalize_language
 from ..transcribe import TranscribeOptions, transcribe
 from . import live
 from .batching import DecodeBatcher
 from .registry import OPENAI_MODEL, Admission, Busy, ModelRegistry, UnknownModel
-from .responses import FORMATS, GRANULARITIES, Finished, media_type, render
+from .responses import FORMATS, GRANULARITIES, Finished, media_type, render, speaker_letter
 from .telemetry import CONTENT_TYPE_LATEST, ServerMetrics
 
 __all__ = ["ServeConfig", "create_app"]
@@ -314,6 +317,9 @@ async def _answer(request: Request, state: _State, form: _TranslationForm, task:
         await run_in_threadpool(state.registry.key, form.model)  # lists the installed models: disk reads
     except UnknownModel as exc:
         raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+    if form.response_format == "diarized_json" and not await run_in_threadpool(speaker_models_installed):
+        raise ApiError(400, "this server has no speaker models for diarized_json: run `aural models pull speakers` "
+                            "where it runs", param="response_format")
     path = await run_in_threadpool(_save_upload, form.file)
     try:
         await run_in_threadpool(_check_audio, path, form.file.filename, state.config.max_audio_s)
@@ -322,7 +328,8 @@ async def _answer(request: Request, state: _State, form: _TranslationForm, task:
         except Busy as exc:
             raise ApiError(429, str(exc), code="rate_limit_exceeded") from None
         try:
-            done = await _run_cancellable(request, state, form.model, path, options)
+            done = await _run_cancellable(request, state, form.model, path, options,
+                                          diarize=form.response_format == "diarized_json")
         finally:
             await state.admission.leave()
     finally:
@@ -362,11 +369,11 @@ def _check_audio(path: str, filename: str | None, max_audio_s: float) -> None:
 
 
 async def _run_cancellable(request: Request, state: _State, model_name: str, path: str,
-                           options: TranscribeOptions) -> Finished | None:
+                           options: TranscribeOptions, *, diarize: bool = False) -> Finished | None:
     """Transcribes on the server's pool; None if the client disconnected (the work is stopped then)."""
     stop = StopEvent()
     job = asyncio.get_running_loop().run_in_executor(
-        state.executor, _transcribe_file, state.registry, model_name, path, options, stop)
+        state.executor, _transcribe_file, state.registry, model_name, path, options, stop, diarize)
     while True:
         done, _ = await asyncio.wait({job}, timeout=_DISCONNECT_POLL_S)
         if done:
@@ -384,7 +391,7 @@ async def _run_cancellable(request: Request, state: _State, model_name: str, pat
 
 
 def _transcribe_file(registry: ModelRegistry, model_name: str, path: str, options: TranscribeOptions,
-                     stop: StopEvent) -> Finished:
+                     stop: StopEvent, diarize: bool = False) -> Finished:
     model = registry.get(model_name)
     if options.task == "translate" and not model.multilingual:
         raise ApiError(400, f"{model.name} is English-only and cannot translate; ask for a multilingual model.",
@@ -393,4 +400,14 @@ def _transcribe_file(registry: ModelRegistry, model_name: str, path: str, option
     # A translation is English whatever was spoken: only transcripts can hold Chinese.
     language = result.info.language if options.task == "transcribe" else None
     segments = list(localize_segments(result, language, default_script()))
+    if diarize and not stop.is_set():
+        turns = list(_diarizer().diarize(load_audio(path)))
+        segments = list(assign_speakers(segments, turns, label=speaker_letter))
     return Finished(options.task, result.info, segments, result.timings)
+
+
+@functools.cache
+def _diarizer() -> Diarizer:
+    """One per server, loaded at the first diarized_json request: its models are read-only and its native
+    embedder takes one utterance at a time (speaker-model.h)."""
+    return Diarizer.installed()

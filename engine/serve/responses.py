@@ -20,9 +20,12 @@ from ..transcribe import Segment, TranscriptionInfo
 
 __all__ = ["FORMATS", "GRANULARITIES", "Finished", "render"]
 
-FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+# diarized_json: OpenAI's speaker-labelled segments (its gpt-4o-transcribe-diarize format), from Aural's own
+# diarization (engine/speakers) when the server has the speaker models.
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 GRANULARITIES = ("segment", "word")
-_MEDIA_TYPES = {"json": "application/json", "verbose_json": "application/json", "text": "text/plain",
+_MEDIA_TYPES = {"json": "application/json", "verbose_json": "application/json", "diarized_json": "application/json",
+                "text": "text/plain",
                 "srt": "application/x-subrip", "vtt": "text/vtt"}
 
 
@@ -62,7 +65,26 @@ def render(fmt: str, done: Finished, granularities: Sequence[str] = ()) -> str |
         out = io.StringIO()
         (write_srt if fmt == "srt" else write_vtt)(done.segments, out)
         return out.getvalue()
+    if fmt == "diarized_json":
+        return _diarized(done)
     return _verbose(done, granularities)
+
+
+def speaker_letter(speaker: int) -> str:
+    """OpenAI's speaker labels: A, B, ... Z, then AA, AB, ... (speaker counts from 0)."""
+    return (speaker_letter(speaker // 26 - 1) if speaker >= 26 else "") + chr(ord("A") + speaker % 26)
+
+
+def _diarized(done: Finished) -> dict:
+    """Segments whose `speaker` the server filled with letters (serve/app.py), in OpenAI's shape."""
+    return {
+        "task": done.task,
+        "duration": round(done.timings.audio_s, 3),
+        "text": done.text,
+        "segments": [{"type": "transcript.text.segment", "id": f"seg_{s.id}", "start": round(s.start, 3),
+                      "end": round(s.end, 3), "text": s.text.strip(), "speaker": s.speaker or "A"}
+                     for s in done.segments],
+    }
 
 
 def _verbose(done: Finished, granularities: Sequence[str]) -> dict:

@@ -18,7 +18,7 @@ Only the whole recording can be clustered, so `diarize` yields its turns once it
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,9 +200,10 @@ def _speaker_between(turns: Sequence[Turn], start: float, end: float) -> int | N
     return None if nearest is None else nearest.speaker
 
 
-def assign_speakers(segments: Iterable[Any], turns: Sequence[Turn]) -> Iterator[Any]:
-    """Copies of the segments (dataclasses with a `speaker` field) naming the speaker who talks most in each,
-    one at a time as the segments arrive."""
+def assign_speakers(segments: Iterable[Any], turns: Sequence[Turn],
+                    label: Callable[[int], str] = speaker_label) -> Iterator[Any]:
+    """Copies of the segments (dataclasses with a `speaker` field) naming the speaker who talks most in each
+    (`label`: "Speaker 1" for speaker 0), one at a time as the segments arrive."""
     for segment in segments:
         speaker = _speaker_between(turns, float(segment.start), float(segment.end))
-        yield dataclasses.replace(segment, speaker=None if speaker is None else speaker_label(speaker))
+        yield dataclasses.replace(segment, speaker=None if speaker is None else label(speaker))
