@@ -16,6 +16,7 @@ __all__ = ["FileJob", "JobStatus"]
 class JobStatus(Enum):
     QUEUED = "Queued"
     RUNNING = "Transcribing"
+    IDENTIFYING = "Identifying speakers"  # transcribed; diarizing (Preferences: Identify speakers)
     CANCELLING = "Cancelling…"
     DONE = "Done"
     CANCELLED = "Cancelled"

@@ -218,7 +218,7 @@ class FileQueue(QObject):
         job = self._jobs[job_id]
         if job.status is JobStatus.QUEUED:
             self._set_status(job, JobStatus.CANCELLED)
-        elif job.status is JobStatus.RUNNING and self._running is not None:
+        elif job.status in (JobStatus.RUNNING, JobStatus.IDENTIFYING) and self._running is not None:
             self._running[1].set()
             self._set_status(job, JobStatus.CANCELLING)
 
@@ -261,6 +261,7 @@ class FileQueue(QObject):
         worker.fallback.connect(self.fallback)
         worker.kept.connect(self._on_kept)
         worker.not_kept.connect(self.not_kept)
+        worker.diarizing.connect(self._on_diarizing)
         worker.speakers.connect(self._on_speakers)
         worker.not_diarized.connect(self.not_diarized)
         worker.finished.connect(self._on_finished)
@@ -297,6 +298,10 @@ class FileQueue(QObject):
         job = self._current
         job.segments.append(segment)
         self.segment_added.emit(job, segment)
+
+    @Slot()
+    def _on_diarizing(self) -> None:
+        self._set_status(self._current, JobStatus.IDENTIFYING)
 
     @Slot(object)
     def _on_speakers(self, segments: list) -> None:

@@ -331,6 +331,9 @@ class FileWorker(_Reporter):
             return
         if request.diarize:
             segments = self._named(request, segments)
+            if request.stop.is_set():
+                self.cancelled.emit()
+                return
         self._keep(request.path, result.info, segments)
         self.done.emit(result.timings)
 
@@ -340,7 +343,9 @@ class FileWorker(_Reporter):
         try:
             if self._diarizer is None:
                 self._diarizer = Diarizer.installed()
-            turns = list(self._diarizer.diarize(load_audio(request.path)))
+            turns = list(self._diarizer.diarize(load_audio(request.path), stop=request.stop))
+            if request.stop.is_set():
+                return segments
         except (AuralError, RuntimeError, ValueError) as e:  # the native embedder's errors are Runtime/ValueError
             self.not_diarized.emit(f"{request.path.name}: speakers not identified: {e}")
             return segments
@@ -383,7 +388,7 @@ class SpeakerWorker(_Worker):
             entry, lines = history.entry(self._entry_id), history.lines(self._entry_id)
         if entry.audio is None:
             raise AuralError(f"{entry.title}: its audio is gone, so its speakers cannot be found")
-        turns = list(Diarizer.installed().diarize(load_audio(entry.audio)))
+        turns = list(Diarizer.installed().diarize(load_audio(entry.audio), stop=self._stop))
         if self._stop.is_set():
             return
         with History() as history:

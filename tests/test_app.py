@@ -239,8 +239,11 @@ def test_a_file_with_two_voices_shows_its_speakers_who_are_kept_renamed_and_expo
         window, settings, qtbot, two_voices, speaker_models, tmp_path):
     path, _change = two_voices
     settings.set(Key.DIARIZE, True)
+    statuses = []
+    window.files.changed.connect(lambda job: statuses.append(job.status))
     with qtbot.waitSignal(window.files.kept, timeout=FILE_S):
         window.add_files([str(path)])
+    assert statuses.index(JobStatus.IDENTIFYING) > statuses.index(JobStatus.RUNNING)  # shown while it runs
     table = window.result.table
     assert not table.isColumnHidden(2)
     speakers = [table.item(row, 2).text() for row in range(table.rowCount())]

@@ -94,7 +94,8 @@ class FileQueueView(QTreeWidget):
         item.setText(_ETA, format_duration(job.eta_s) if job.status is JobStatus.RUNNING else "")
         item.setText(_RTF, f"{job.timings.rtf:.2f}" if job.timings is not None else "")
         self._show_progress(self.itemWidget(item, _PROGRESS), job)
-        self.itemWidget(item, _CANCEL).setEnabled(job.status in (JobStatus.QUEUED, JobStatus.RUNNING))
+        self.itemWidget(item, _CANCEL).setEnabled(
+            job.status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.IDENTIFYING))
         if job.status is JobStatus.RUNNING and not self._ticker.isActive():
             self._ticker.start()
 
@@ -125,8 +126,8 @@ class FileQueueView(QTreeWidget):
     @staticmethod
     def _show_progress(bar: QProgressBar, job: FileJob) -> None:
         fraction = job.fraction
-        if job.status is JobStatus.RUNNING and fraction is None:
-            bar.setRange(0, 0)  # busy: the first 30 s window is still being decoded
+        if (job.status is JobStatus.RUNNING and fraction is None) or job.status is JobStatus.IDENTIFYING:
+            bar.setRange(0, 0)  # busy: the first 30 s window is still being decoded, or the speakers found
             return
         bar.setRange(0, 1000)
         bar.setValue(1000 if job.status is JobStatus.DONE else round(1000 * (fraction or 0.0)))
