@@ -264,7 +264,7 @@ class MainWindow(QMainWindow):
     @Slot(list)
     @Slot(int)
     def open_kept(self, entry_id: int) -> None:
-        """A kept transcript in the History tab (from the Files tab's Play and edit)."""
+        """A kept transcript in the History tab (from the Files tab's Edit in History)."""
         self.tabs.setCurrentIndex(self.history_tab)
         self.history_view.open(entry_id)
 

@@ -180,6 +180,15 @@ def test_dropped_file_is_transcribed_shown_and_exported(window, settings, qtbot,
     saved = window.export_job(job, "json", tmp_path / "jfk.json")
     assert '"segments"' in saved.read_text(encoding="utf-8")
 
+    player = window.result.player  # the finished file plays under its text
+    assert player.play_button.isEnabled()
+    last = table.rowCount() - 1
+    qtbot.mouseClick(table.viewport(), Qt.MouseButton.LeftButton, pos=table.visualItemRect(table.item(last, 3)).center())
+    player.toggle()  # from the clicked line (no sound card needed: the player's clock runs all the same)
+    qtbot.waitUntil(lambda: window.result.heard_line() == last, timeout=10_000)
+    assert player.position_s >= table.item(last, 0).data(Qt.ItemDataRole.UserRole)[0] - 0.1
+    player.toggle()
+
 
 def test_finished_files_are_kept_searched_edited_and_a_hit_opens_its_transcript_at_the_hit(
         window, qtbot, jfk_wav, data_dir, tmp_path, monkeypatch):
@@ -268,7 +277,7 @@ def test_a_kept_file_plays_the_line_and_word_being_heard_are_marked_and_a_click_
     window.add_files([str(jfk_wav)])  # with the Preferences as they are now
     assert not window.result.history_button.isEnabled()
     wait_status(qtbot, window, last_job(window), JobStatus.DONE)
-    qtbot.mouseClick(window.result.history_button, Qt.MouseButton.LeftButton)  # Files tab: "Play and edit…"
+    qtbot.mouseClick(window.result.history_button, Qt.MouseButton.LeftButton)  # Files tab: "Edit in History…"
     assert window.tabs.currentIndex() == window.history_tab
     view, player = window.history_view, window.history_view.player
     assert view.shown_id == last_job(window).history_id and view.title.text().startswith(f"<b>{jfk_wav.name}")

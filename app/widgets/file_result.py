@@ -1,4 +1,5 @@
-"""One file's result: its timestamped segments, the selected segment's time, its RTF and exports."""
+"""One file's result: its timestamped segments, the selected segment's time, its RTF and exports; once it is
+done, its audio plays under the text (the line being heard marked, a click on a line plays from there)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from aural.engine.text.writers import format_timestamp
 
 from ..jobs import FileJob, JobStatus
 from .file_queue import format_duration
+from .player import TranscriptPlayer, mark_row, row_at
 
 __all__ = ["EXPORT_FORMATS", "FileResultView"]
 
@@ -45,9 +47,14 @@ class FileResultView(QWidget):
         header.setSectionResizeMode(_SPEAKER, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(_TEXT, QHeaderView.ResizeMode.Stretch)
         self._table.currentCellChanged.connect(self._show_time)
+        self._table.itemClicked.connect(lambda item: self.player.seek(item.data(Qt.ItemDataRole.UserRole)[0]))
+        self.player = TranscriptPlayer(self)
+        self.player.position_changed.connect(self._mark_heard)
+        self._audio: object = None  # the file loaded in the player
+        self._heard = -1  # the row marked as being played
         self._exports = {fmt: QPushButton(fmt.upper()) for fmt in EXPORT_FORMATS}
-        self.history_button = QPushButton("Play and edit…")
-        self.history_button.setToolTip("Open this transcript in the History tab: play the audio, edit lines")
+        self.history_button = QPushButton("Edit in History…")
+        self.history_button.setToolTip("Open this transcript in the History tab: edit lines, rename speakers")
         self.history_button.clicked.connect(lambda: self.history_requested.emit(self._history_id))
         self._history_id: int | None = None
         self.history_button.setEnabled(False)
@@ -63,6 +70,7 @@ class FileResultView(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self._summary)
         layout.addWidget(self._table, 1)
+        layout.addWidget(self.player)
         layout.addLayout(buttons)
         self._set_exportable(False)
 
@@ -83,6 +91,7 @@ class FileResultView(QWidget):
     def show_job(self, job: FileJob) -> None:
         """Replace the view with `job`'s segments and summary."""
         self._table.setRowCount(0)
+        self._heard = -1
         self._selected.clear()
         self._table.setColumnHidden(_SPEAKER, not any(getattr(s, "speaker", None) for s in job.segments))
         for segment in job.segments:
@@ -114,6 +123,21 @@ class FileResultView(QWidget):
         self._set_exportable(bool(job.segments))
         self._history_id = job.history_id
         self.history_button.setEnabled(job.history_id is not None)
+        audio = job.path if job.status is JobStatus.DONE and job.path.is_file() else None
+        if audio != self._audio:
+            self._audio = audio
+            self.player.load(audio)
+
+    def heard_line(self) -> int:
+        """The row marked as being played, -1 when none."""
+        return self._heard
+
+    @Slot(float)
+    def _mark_heard(self, seconds: float) -> None:
+        row = row_at(self._table, seconds, lambda item: item.data(Qt.ItemDataRole.UserRole)[0])
+        if row != self._heard:
+            mark_row(self._table, self._heard, row)
+            self._heard = row
 
     def _set_exportable(self, enabled: bool) -> None:
         for button in self._exports.values():

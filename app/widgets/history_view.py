@@ -11,7 +11,7 @@ import html
 import time
 
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
-from PySide6.QtGui import QBrush, QColor, QTextDocument
+from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit,
                                QPushButton, QSplitter, QStyle, QStyledItemDelegate, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
@@ -22,7 +22,7 @@ from aural.engine.text.writers import format_timestamp
 
 from .file_result import EXPORT_FORMATS
 from .file_queue import format_duration
-from .player import TranscriptPlayer
+from .player import TranscriptPlayer, mark_row, row_at
 
 __all__ = ["HistoryView"]
 
@@ -34,7 +34,6 @@ _HIT_HEADERS = ("Transcript", "At", "Match")
 _ID, _START, _LINE, _ORIGINAL, _WORDS = (Qt.ItemDataRole.UserRole + k for k in range(5))
 _SPEAKER, _TEXT = 2, 3  # the lines' columns a user edits: who speaks (a diarized transcript), the text
 _NAME = Qt.ItemDataRole.UserRole + 5  # a speaker cell's name as kept, before the user's edit
-_HEARD = QColor(255, 196, 0, 70)  # the background of the line being played: a translucent amber on either theme
 
 
 class _HeardWordDelegate(QStyledItemDelegate):
@@ -343,20 +342,12 @@ class HistoryView(QWidget):
     @Slot(float)
     def _mark_heard(self, seconds: float) -> None:
         """Marks the line that holds `seconds` (the last one started before it, between lines), and its word."""
-        row = -1
-        for k in range(self.lines.rowCount()):
-            if self.lines.item(k, 0).data(_START) > seconds:
-                break
-            row = k
+        row = row_at(self.lines, seconds, lambda item: item.data(_START))
         words = self._words(row)
         word = max((k for k, w in enumerate(words) if w.start <= seconds), default=-1)
         if (row, word) == (self._heard, self._word):
             return
-        self.lines.blockSignals(True)  # a colour is no edit
-        for k, brush in ((self._heard, QBrush()), (row, QBrush(_HEARD))):
-            for column in range(self.lines.columnCount()) if k >= 0 else ():
-                self.lines.item(k, column).setBackground(brush)
-        self.lines.blockSignals(False)
+        mark_row(self.lines, self._heard, row)
         if row != self._heard and row >= 0 and self.player.playing:
             self.lines.scrollToItem(self.lines.item(row, 0))
         self._heard, self._word = row, word

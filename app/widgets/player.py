@@ -15,20 +15,42 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QLoggingCategory, Qt, QUrl, Signal, Slot
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QBrush, QColor, QKeySequence, QShortcut
 
 # Loading QtMultimedia probes for PipeWire and warns on stderr where there is none (PulseAudio-only
 # systems, a second launch handing its files over): noise for the user, not a fault.
 QLoggingCategory.setFilterRules("qt.multimedia.symbolsresolver=false")
 from PySide6.QtMultimedia import QAudioOutput, QMediaPlayer  # noqa: E402
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QSlider, QWidget  # noqa: E402
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QSlider, QTableWidget,  # noqa: E402
+                               QWidget)
 
 from .file_queue import format_duration  # noqa: E402
 
-__all__ = ["RATES", "SKIP_S", "TranscriptPlayer"]
+__all__ = ["HEARD", "RATES", "SKIP_S", "TranscriptPlayer", "mark_row", "row_at"]
 
 RATES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 SKIP_S = 5.0  # J and L
+HEARD = QColor(255, 196, 0, 70)  # the background of the line being played: a translucent amber on either theme
+
+
+def row_at(table: QTableWidget, seconds: float, start_of) -> int:
+    """The row being heard at `seconds`: the last one starting at or before it (between lines too); -1 before
+    the first. `start_of(item)` reads a row's start (s) from its first cell."""
+    row = -1
+    for k in range(table.rowCount()):
+        if start_of(table.item(k, 0)) > seconds:
+            break
+        row = k
+    return row
+
+
+def mark_row(table: QTableWidget, old: int, new: int) -> None:
+    """Moves the heard line's background from row `old` to row `new` (-1: none)."""
+    table.blockSignals(True)  # a colour is no edit
+    for k, brush in ((old, QBrush()), (new, QBrush(HEARD))):
+        for column in range(table.columnCount()) if k >= 0 else ():
+            table.item(k, column).setBackground(brush)
+    table.blockSignals(False)
 
 
 class TranscriptPlayer(QWidget):
