@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -175,7 +176,9 @@ def measure(args: argparse.Namespace) -> dict:
                 rows.append(row)
                 print(f"{config} / {variant} / seed {seed}: known N DER {row['known_n']['der']:.3f}",
                       file=sys.stderr, flush=True)
-    return {"meta": {**machine_info(), "threads": args.threads, "command": "bench/diarization.py"}, "rows": rows}
+    level = os.environ.get("AURAL_CPU_VARIANT", "native")  # ggml's CPU level of the CAM++ graph
+    return {"meta": {**machine_info(), "threads": args.threads, "level": level, "command": "bench/diarization.py"},
+            "rows": rows}
 
 
 def _score(turns: list, reference: list[Span], diarization_error) -> dict:
@@ -222,8 +225,10 @@ def render(doc: dict, stem: str) -> None:
     text = [
         "# Speaker diarization: DER on conversations made from the data's speakers",
         "",
-        f"CPU: {meta['cpu']}, {meta['threads'] or 'default'} threads, Python {meta['python']}. "
-        f"Command: `.venv/bin/python {meta['command']}`. How the conversations are made: the script's docstring.",
+        f"CPU: {meta['cpu']}, ggml CPU level {meta.get('level', 'native')} (onnxruntime picks its own), "
+        f"{meta['threads'] or 'default'} threads, Python {meta['python']}. "
+        f"Command: `{'AURAL_CPU_VARIANT=' + meta['level'] + ' ' if meta.get('level', 'native') != 'native' else ''}"
+        f".venv/bin/python {meta['command']}`. How the conversations are made: the script's docstring.",
         "",
         f"Scored: seeds {', '.join(map(str, TEST_SEEDS))} of each set; the clustering threshold "
         f"({threshold}) was chosen on seeds {', '.join(map(str, TUNE_SEEDS))}. DER in %, overlap scored; "
