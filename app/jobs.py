@@ -33,6 +33,7 @@ class FileJob:
     kv_mode: str
     options: TranscribeOptions = field(default_factory=TranscribeOptions)  # the Preferences when it was added
     diarize: bool = False  # name each segment's speaker once the file is transcribed (Preferences)
+    n_speakers: int | None = None  # how many speak, when the Preferences say; None: found from the voices
     status: JobStatus = JobStatus.QUEUED
     info: TranscriptionInfo | None = None
     segments: list[Segment] = field(default_factory=list)

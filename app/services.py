@@ -203,11 +203,12 @@ class FileQueue(QObject):
         return list(self._jobs.values())
 
     def add(self, paths: Iterable[str | Path], language: str | None, kv_mode: str,
-            options: TranscribeOptions | None = None, *, diarize: bool = False) -> list[FileJob]:
+            options: TranscribeOptions | None = None, *, diarize: bool = False,
+            n_speakers: int | None = None) -> list[FileJob]:
         """Queues files; `options` (the Preferences) is how each is decoded, its language the picker's;
-        `diarize`: name each segment's speaker once a file is transcribed."""
-        jobs = [FileJob(next(self._ids), Path(p), language, kv_mode, options or TranscribeOptions(), diarize)
-                for p in paths]
+        `diarize`: name each segment's speaker once a file is transcribed, `n_speakers` of them if given."""
+        jobs = [FileJob(next(self._ids), Path(p), language, kv_mode, options or TranscribeOptions(), diarize,
+                        n_speakers) for p in paths]
         for job in jobs:
             self._jobs[job.id] = job
             self.added.emit(job)
@@ -244,7 +245,7 @@ class FileQueue(QObject):
             self._start_worker()
         stop = StopEvent()  # Cancel interrupts the encoder mid-window, not after it
         options = dataclasses.replace(job.options, language=_for_model(model, job.language))
-        request = FileRequest(model, job.path, options, job.kv_mode, stop, job.diarize)
+        request = FileRequest(model, job.path, options, job.kv_mode, stop, job.diarize, job.n_speakers)
         job.started = time.monotonic()
         self._set_status(job, JobStatus.RUNNING)
         self._running = (job, stop)

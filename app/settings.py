@@ -34,6 +34,7 @@ class Key(Enum):
     INITIAL_PROMPT = ("decoding/initial_prompt", str, "")
     TRANSLATE = ("decoding/translate", bool, False)  # task "translate": English text (multilingual models)
     DIARIZE = ("decoding/diarize", bool, False)  # name each segment's speaker (engine.speakers; --diarize)
+    DIARIZE_SPEAKERS = ("decoding/diarize_speakers", int, 0)  # how many speak (--speakers); 0: found from the voices
     KEEP_LIVE_AUDIO = ("live/keep_audio", bool, True)  # a live session's audio beside its journal (History)
     # The caption window (View → Caption window).
     CAPTION_FONT_FAMILY = ("captions/font_family", str, "")  # "": the application's font

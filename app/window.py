@@ -34,7 +34,7 @@ from .widgets.file_result import EXPORT_FORMATS, FileResultView
 from .widgets.history_view import HistoryView
 from .widgets.metrics import MetricsPanel
 from .widgets.models_dialog import ModelsDialog, progress_text, size_text
-from .widgets.preferences import PreferencesDialog, diarize_files, transcribe_options
+from .widgets.preferences import PreferencesDialog, diarize_files, speaker_count, transcribe_options
 from .widgets.presentation import CaptionLook, CaptionWindow
 from .widgets.restore_bar import RestoreBar
 from .workers import ComputeDevicesWorker, DoctorWorker, SpeakerWorker, start_worker
@@ -410,7 +410,7 @@ class MainWindow(QMainWindow):
     @Slot(int)
     def identify_speakers(self, entry_id: int) -> SpeakerWorker:
         """Diarizes a kept transcript on a worker; the History tab shows the speakers when it is done."""
-        worker = SpeakerWorker(entry_id)
+        worker = SpeakerWorker(entry_id, speaker_count(self._settings))
         worker.named.connect(self._on_speakers_identified)
         worker.failed.connect(self.show_error)
         self.history_view.speakers_button.setEnabled(False)
@@ -634,7 +634,8 @@ class MainWindow(QMainWindow):
         if not paths:
             return
         jobs = self.files.add(paths, self._language(), self._settings.get(Key.KV_MODE),
-                              transcribe_options(self._settings), diarize=diarize_files(self._settings))
+                              transcribe_options(self._settings), diarize=diarize_files(self._settings),
+                              n_speakers=speaker_count(self._settings))
         self._remember(paths)
         self.tabs.setCurrentIndex(self.files_tab)
         if self.models.model is None:

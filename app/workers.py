@@ -29,7 +29,7 @@ from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamO
 from aural.engine.models.download import TransferRate
 from aural.engine.models.store import PullProgress, catalog_models, pull, resolve_model
 from aural.engine.runtime import DeviceFallback, WhisperModel, compute_devices, load_model
-from aural.engine.speakers import Diarizer, assign_speakers
+from aural.engine.speakers import DiarizeOptions, Diarizer, assign_speakers
 from aural.engine.text.chinese import default_script, localize_segments
 from aural.engine.transcribe import TranscribeOptions, TranscriptionInfo, transcribe
 
@@ -273,6 +273,7 @@ class FileRequest:
         kv_mode: "device" or "host".
         stop: set (from any thread) to cancel this file.
         diarize: name each segment's speaker once the file is transcribed.
+        n_speakers: how many speak, None: found from the voices.
     """
 
     model: WhisperModel
@@ -281,6 +282,7 @@ class FileRequest:
     kv_mode: str
     stop: threading.Event
     diarize: bool = False
+    n_speakers: int | None = None
 
 
 class FileWorker(_Reporter):
@@ -343,7 +345,8 @@ class FileWorker(_Reporter):
         try:
             if self._diarizer is None:
                 self._diarizer = Diarizer.installed()
-            turns = list(self._diarizer.diarize(load_audio(request.path), stop=request.stop))
+            turns = list(self._diarizer.diarize(load_audio(request.path), DiarizeOptions(n_speakers=request.n_speakers),
+                                                request.stop))
             if request.stop.is_set():
                 return segments
         except (AuralError, RuntimeError, ValueError) as e:  # the native embedder's errors are Runtime/ValueError
@@ -379,16 +382,17 @@ class SpeakerWorker(_Worker):
 
     named = Signal(int)  # the transcript's id: its lines name their speakers now
 
-    def __init__(self, entry_id: int):
+    def __init__(self, entry_id: int, n_speakers: int | None = None):
         super().__init__()
         self._entry_id = entry_id
+        self._options = DiarizeOptions(n_speakers=n_speakers)
 
     def _work(self) -> None:
         with History() as history:
             entry, lines = history.entry(self._entry_id), history.lines(self._entry_id)
         if entry.audio is None:
             raise AuralError(f"{entry.title}: its audio is gone, so its speakers cannot be found")
-        turns = list(Diarizer.installed().diarize(load_audio(entry.audio), stop=self._stop))
+        turns = list(Diarizer.installed().diarize(load_audio(entry.audio), self._options, self._stop))
         if self._stop.is_set():
             return
         with History() as history:
@@ -450,10 +454,10 @@ class LiveWorker(_Worker):
 
     def _work(self) -> None:
         signals = {Partial: self.partial, Commit: self.commit, Metrics: self.metrics, DeviceFallback: self.fallback}
-        source = self._open_source()
+        # Metered next to the source itself: a mix's meters read its inputs (MeteredSource checks its type).
+        source = MeteredSource(self._open_source(), self.level.emit, self.levels.emit)
         if self._record is not None:
             source = RecordedSource(source, self._record_audio)
-        source = MeteredSource(source, self.level.emit, self.levels.emit)
         for event in live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop):
             if isinstance(event, Error):
                 self.failed.emit(event.message)

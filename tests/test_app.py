@@ -854,7 +854,7 @@ def test_captions_go_on_when_the_journal_cannot_be_written(make_window, qtbot, d
 
 
 def test_a_live_sessions_audio_is_kept_played_in_history_and_its_speakers_identified(
-        make_window, qtbot, two_voices, speaker_models, journal_dir):
+        make_window, settings, qtbot, two_voices, speaker_models, journal_dir):
     import soundfile as sf
 
     from aural.engine.live.capture import ReplaySource
@@ -880,6 +880,11 @@ def test_a_live_sessions_audio_is_kept_played_in_history_and_its_speakers_identi
     assert not view.lines.isColumnHidden(2) and set(speakers) == {"Speaker 1", "Speaker 2"}
     jfk = [row for row in range(view.lines.rowCount()) if "country" in view.lines.item(row, 3).text().lower()]
     assert jfk and all(speakers[row] == "Speaker 2" for row in jfk)
+    settings.set(Key.DIARIZE_SPEAKERS, 1)  # Preferences: one speaker, whatever the voices say
+    with qtbot.waitSignal(window.statusBar().messageChanged, timeout=FILE_S,
+                          check_params_cb=lambda text: text == "Speakers identified."):
+        qtbot.mouseClick(view.speakers_button, Qt.MouseButton.LeftButton)
+    assert {view.lines.item(row, 2).text() for row in range(view.lines.rowCount())} == {"Speaker 1"}
     view.delete_shown()
     assert not journal.with_suffix(".flac").exists()
 

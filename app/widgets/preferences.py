@@ -20,7 +20,7 @@ from aural.engine.transcribe import TranscribeOptions
 from ..settings import Key, Settings
 
 __all__ = ["AUTO_DEVICE_LABEL", "ColorButton", "PreferencesDialog", "device_label", "diarize_files",
-           "transcribe_options"]
+           "speaker_count", "transcribe_options"]
 
 AUTO_DEVICE_LABEL = "Automatic (best device)"
 
@@ -41,6 +41,11 @@ def transcribe_options(settings: Settings) -> TranscribeOptions:
 def diarize_files(settings: Settings) -> bool:
     """Whether files are diarized: asked for in the Preferences, and the speaker models are installed."""
     return settings.get(Key.DIARIZE) and speaker_models_installed()
+
+
+def speaker_count(settings: Settings) -> int | None:
+    """How many speakers diarization looks for (Preferences), None: found from the voices."""
+    return settings.get(Key.DIARIZE_SPEAKERS) or None
 
 
 class ColorButton(QPushButton):
@@ -120,6 +125,8 @@ class PreferencesDialog(QDialog):
         self.translate = QCheckBox("Translate to English (multilingual models)")
         self.diarize = QCheckBox("Identify speakers (Speaker 1, 2, …)")
         self.diarize.setToolTip("After a file is transcribed, find who spoke when and name each line's speaker")
+        self.speakers = QSpinBox(minimum=0, maximum=20, specialValueText="found from the voices")
+        self.speakers.setToolTip("How many people speak, when you know it; also for History's Identify speakers")
         if not speaker_models_installed():
             self.diarize.setEnabled(False)
             self.diarize.setToolTip("Needs the speaker models: run `aural models pull speakers` (a 90 MB download)")
@@ -147,6 +154,7 @@ class PreferencesDialog(QDialog):
         form.addRow("Initial prompt", self.initial_prompt)
         form.addRow("", self.translate)
         form.addRow("", self.diarize)
+        form.addRow("Speakers", self.speakers)
         captions = QGroupBox("Caption window")
         form = QFormLayout(captions)
         form.addRow("Font", self.font_family)
@@ -176,6 +184,7 @@ class PreferencesDialog(QDialog):
                 (Key.INITIAL_PROMPT, self.initial_prompt.text, self.initial_prompt.setText),
                 (Key.TRANSLATE, self.translate.isChecked, self.translate.setChecked),
                 (Key.DIARIZE, self.diarize.isChecked, self.diarize.setChecked),
+                (Key.DIARIZE_SPEAKERS, self.speakers.value, self.speakers.setValue),
                 (Key.KEEP_LIVE_AUDIO, self.keep_live_audio.isChecked, self.keep_live_audio.setChecked),
                 (Key.CAPTION_FONT_FAMILY, lambda: self.font_family.currentFont().family(), self._set_family),
                 (Key.CAPTION_FONT_PX, self.font_px.value, self.font_px.setValue),
