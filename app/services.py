@@ -22,8 +22,7 @@ from aural.engine.errors import ModelError
 from aural.engine.live.capture import (InputDevice, MicrophoneSource, list_input_devices, open_input,
                                       portaudio_input_devices)
 from aural.engine.live.mix import MixSource, mix_parts
-from aural.engine.live.journal import (AUDIO_RATE, Session, SessionJournal, mark_session, prune_sessions,
-                                       unclosed_sessions)
+from aural.engine.live.journal import Session, SessionJournal, mark_session, prune_sessions, unclosed_sessions
 from aural.engine.live.streaming import Commit, Metrics, StreamOptions
 from aural.engine.metrics import Timings
 from aural.engine.models.store import DEFAULT_MODEL, ModelEntry, catalog_models, list_models
@@ -366,7 +365,6 @@ class LiveSession(QObject):
         self._cleared: list[CaptionSegment] = []  # what the last Clear removed, for undo_clear
         self._offset_s = 0.0  # transcript time of this run's input time 0
         self._run_audio_s = 0.0
-        self._run_recorded_s = 0.0  # audio of this run kept so far (worker thread)
         self._journal = SessionJournal(source="app")  # in engine.journal.sessions_dir()
         prune_sessions(self._journal.directory)  # sessions that ended over KEEP_DAYS ago (a few stat calls)
         models.ready.connect(self._start_pending)
@@ -447,7 +445,7 @@ class LiveSession(QObject):
             return
         device, language, kv_mode, keep_audio = self._pending
         self._pending = None
-        self._run_audio_s = self._run_recorded_s = 0.0
+        self._run_audio_s = 0.0
         options = StreamOptions(language=_for_model(model, language))
         self._journal.model = model.name
         worker = LiveWorker(model, lambda: self._open_source(device), options, kv_mode, self._journal_commit,
@@ -465,9 +463,8 @@ class LiveSession(QObject):
         self._running = worker
 
     def _record(self, samples) -> None:
-        """Runs on the worker's thread: the run's audio at its place on the transcript's timeline."""
-        self._journal.record(samples, self._offset_s + self._run_recorded_s)
-        self._run_recorded_s += len(samples) / AUDIO_RATE
+        """Runs on the worker's thread: the run's audio from its start on the transcript's timeline."""
+        self._journal.record(samples, self._offset_s)
 
     def _journal_commit(self, commit: Commit) -> None:
         """Runs on the worker's thread: the commit is on disk before the GUI sees it, with the same

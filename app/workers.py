@@ -23,7 +23,7 @@ from aural.engine.audio import load_audio
 from aural.engine.errors import AuralError
 from aural.engine.features import N_FRAMES, N_SAMPLES, window_mel
 from aural.engine.history import History, HistoryError, Line, TimedWord
-from aural.engine.live.journal import RecordedSource
+from aural.engine.live.capture import TappedSource
 from aural.engine.live.mix import MixSource
 from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
 from aural.engine.models.download import TransferRate
@@ -400,7 +400,7 @@ class SpeakerWorker(_Worker):
         self.named.emit(self._entry_id)
 
 
-class MeteredSource:
+class MeteredSource(TappedSource):
     """A capture source passed through unchanged, reporting the RMS of what each read returns, or for a
     mix (`mix.MixSource`) each input's RMS over it, so that each input has its own meter.
 
@@ -409,21 +409,15 @@ class MeteredSource:
     """
 
     def __init__(self, source, on_level: Callable[[float], None], on_levels: Callable[[list], None]):
-        self._source = source
+        super().__init__(source, self._meter)
         self._on_level = on_level
         self._on_levels = on_levels
 
-    def read(self, timeout_s: float = 0.1) -> np.ndarray | None:
-        samples = self._source.read(timeout_s)
-        if samples is not None and samples.size:
-            if isinstance(self._source, MixSource):
-                self._on_levels(list(self._source.levels))
-            else:
-                self._on_level(float(np.sqrt(np.mean(np.square(samples)))))
-        return samples
-
-    def __getattr__(self, name: str):
-        return getattr(self._source, name)
+    def _meter(self, samples: np.ndarray) -> None:
+        if isinstance(self._source, MixSource):
+            self._on_levels(list(self._source.levels))
+        else:
+            self._on_level(float(np.sqrt(np.mean(np.square(samples)))))
 
 
 class LiveWorker(_Worker):
@@ -457,7 +451,7 @@ class LiveWorker(_Worker):
         # Metered next to the source itself: a mix's meters read its inputs (MeteredSource checks its type).
         source = MeteredSource(self._open_source(), self.level.emit, self.levels.emit)
         if self._record is not None:
-            source = RecordedSource(source, self._record_audio)
+            source = TappedSource(source, self._record_audio)
         for event in live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop):
             if isinstance(event, Error):
                 self.failed.emit(event.message)

@@ -251,27 +251,21 @@ def _diarizer(args: argparse.Namespace) -> Any:
     return Diarizer.installed(n_threads=args.threads)
 
 
-def _speaker_turns(diarizer: Any, path: Path, args: argparse.Namespace) -> list[Any]:
-    from .audio import load_audio
-    from .speakers import DiarizeOptions
-
-    audio = load_audio(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
-    return list(diarizer.diarize(audio, DiarizeOptions(n_speakers=args.speakers)))
-
-
 def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: Any, diarizer: Any = None) -> None:
     from .audio import load_audio
+    from .speakers import DiarizeOptions, assign_speakers
     from .text.chinese import default_script, localize_segments
     from .transcribe import transcribe
 
     if args.task == "translate" and not model.multilingual:
         raise ModelError(f"{model.name} is English-only and cannot translate; choose a multilingual model (-m base).")
     source: Any = path
-    if args.raw_channels != 1:
+    if args.raw_channels != 1 or diarizer is not None:
         # transcribe() takes no raw_channels: decode interleaved raw PCM here, at the cost of holding the
-        # whole file in memory as 16 kHz mono.
+        # whole file in memory as 16 kHz mono; diarization needs the whole recording anyway, so the file is
+        # decoded once for both.
         source = load_audio(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
-    turns = None if diarizer is None else _speaker_turns(diarizer, path, args)
+    turns = None if diarizer is None else list(diarizer.diarize(source, DiarizeOptions(n_speakers=args.speakers)))
     out_path = _output_path(args, path)
     progress = None if args.quiet or _stdout_shows_transcript(out_path) else _Progress(path.name, sys.stderr)
     try:
@@ -285,8 +279,6 @@ def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: 
             language = result.info.language if args.task == "transcribe" else None
             segments = localize_segments(result, language, args.zh_script or default_script())
             if turns is not None:
-                from .speakers import assign_speakers
-
                 segments = assign_speakers(segments, turns)
             write_result(args.format, segments, result.info, result.timings, fh,
                          max_line_len=args.max_line_len, max_cue_s=args.max_cue_s)
@@ -677,8 +669,8 @@ def _run_live(args: argparse.Namespace) -> int:
     (on a terminal); --json prints every event; the first Ctrl-C stops cleanly, a second one aborts."""
     import threading
 
-    from .live.capture import ReplaySource, list_input_devices, open_input
-    from .live.journal import AUDIO_RATE, RecordedSource, SessionJournal, prune_sessions
+    from .live.capture import ReplaySource, TappedSource, list_input_devices, open_input
+    from .live.journal import SessionJournal, prune_sessions
     from .live.mix import MixSource
     from .live.streaming import Commit, Error, Metrics, Partial, event_dict, flagged_options, live_events
     from .text.tokenizer import normalize_language
@@ -704,13 +696,7 @@ def _run_live(args: argparse.Namespace) -> int:
     journal = SessionJournal(model=model.name, source="aural live")
     prune_sessions(journal.directory)
     if args.keep_audio:
-        heard = [0]  # samples recorded so far: the next block's place on the input's timeline
-
-        def record(block: Any) -> None:
-            journal.record(block, heard[0] / AUDIO_RATE)
-            heard[0] += len(block)
-
-        source = RecordedSource(source, record)
+        source = TappedSource(source, journal.record)
     events = live_events(model, source, options, kv_mode=args.kv_mode, stop=stop)
     tty, line, last, failed = sys.stdout.isatty() and not args.json, "", None, False
     default_handler = signal.getsignal(signal.SIGINT)

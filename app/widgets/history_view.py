@@ -113,7 +113,6 @@ class HistoryView(QWidget):
         self.rename_button = QPushButton("Rename…")
         self.rename_button.clicked.connect(self._ask_rename)
         self.speakers_button = QPushButton("Identify speakers")
-        self.speakers_button.setToolTip("Find who spoke when from the audio, and name each line's speaker")
         self.speakers_button.clicked.connect(lambda: self.speakers_requested.emit(self.shown_id))
         self.delete_button = QPushButton("Delete")
         self.delete_button.setToolTip("Forget this transcript (a live session's journal file goes with it)")
@@ -382,9 +381,10 @@ class HistoryView(QWidget):
         for button in (self.rename_button, self.delete_button, *self.exports.values()):
             button.setEnabled(enabled)
         audio = enabled and self.shown_id is not None and self.history.entry(self.shown_id).audio is not None
-        self.speakers_button.setEnabled(audio and speaker_models_installed())
+        models = speaker_models_installed()
+        self.speakers_button.setEnabled(audio and models)
         self.speakers_button.setToolTip(
-            "Find who spoke when from the audio, and name each line's speaker" if speaker_models_installed()
+            "Find who spoke when from the audio, and name each line's speaker" if models
             else "Needs the speaker models: run `aural models pull speakers` (a 90 MB download)")
         self._show_line_actions()
 

@@ -27,7 +27,7 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -37,7 +37,7 @@ from ..audio import SAMPLE_RATE, Resampler16k, stream_audio
 from ..errors import AudioError, DeviceError
 
 __all__ = ["APP_PREFIX", "CLOSER_THREAD", "InputDevice", "PACTL_INFO", "PACTL_LISTING", "PACTL_SINK_INPUTS", "PACTL_SOURCES", "PACTL_TIMEOUT_S", "SERVER_SOURCE", "list_input_devices", "MicrophoneSource", "open_input",
-           "PushSource", "ReplaySource", "parse_server_sources", "portaudio_input_devices", "server_sources"]
+           "PushSource", "ReplaySource", "TappedSource", "parse_server_sources", "portaudio_input_devices", "server_sources"]
 
 logger = logging.getLogger(__name__)
 
@@ -577,3 +577,25 @@ class PushSource(_RingSource):
 
     def _close(self) -> None:
         pass
+
+
+class TappedSource:
+    """A capture source passed through unchanged, every block the engine reads from it handed to `tap` too,
+    in order, on the reading thread (the audio callback only fills the ring, as ever): a session's recording
+    (journal.SessionJournal.record), the app's level meters.
+
+        source = TappedSource(open_input(None), lambda block: journal.record(block))
+    """
+
+    def __init__(self, source, tap: Callable[[np.ndarray], None]) -> None:
+        self._source = source
+        self._tap = tap
+
+    def read(self, timeout_s: float = 0.1) -> np.ndarray | None:
+        samples = self._source.read(timeout_s)
+        if samples is not None and samples.size:
+            self._tap(samples)
+        return samples
+
+    def __getattr__(self, name: str):
+        return getattr(self._source, name)

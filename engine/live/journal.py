@@ -13,7 +13,7 @@ when the process dies however it dies: a locked session belongs to a running pro
 on Linux); platformdirs is already how the model cache finds its folder.
 
     journal = SessionJournal(model="whisper-tiny.en", source="aural live")
-    journal.record(samples, at_s=0.0)                         # the audio too, when the user keeps it
+    journal.record(samples)                                   # the audio too, when the user keeps it
     journal.append("ask not what your country", 1.2, 2.9)   # on disk when this returns
     journal.close()                                           # a clean stop
 
@@ -45,9 +45,7 @@ import numpy as np
 import platformdirs
 import soundfile as sf
 
-__all__ = ["AUDIO_RATE", "KEEP_DAYS", "OUTCOMES", "JournalEntry", "RecordedSource", "Session", "SessionJournal",
-           "audio_of",
-           "mark_session", "prune_sessions", "read_session", "sessions_dir", "unclosed_sessions", "user_data_dir"]
+__all__ = ["AUDIO_RATE", "KEEP_DAYS", "OUTCOMES", "JournalEntry", "Session", "SessionJournal", "audio_of", "mark_session", "prune_sessions", "read_session", "sessions_dir", "unclosed_sessions", "user_data_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +143,10 @@ class SessionJournal:
         self._audio: sf.SoundFile | None = None
         self._lock = threading.Lock()
 
-    def record(self, samples: np.ndarray, at_s: float) -> None:
-        """Keeps audio (float32, 16 kHz mono) beginning `at_s` seconds into the journal's timeline; time
-        not recorded before it (a pause between runs, restored text) is kept as silence."""
+    def record(self, samples: np.ndarray, at_s: float = 0.0) -> None:
+        """Keeps audio (float32, 16 kHz mono) right after the audio kept so far, and no earlier than `at_s`
+        seconds into the journal's timeline: time not recorded before that (a pause between runs, restored
+        text) is kept as silence. A run passes its start as `at_s` with every block."""
         with self._lock:
             if self._audio is None:
                 self._audio = sf.SoundFile(audio_of(self._session_stem()), "w", AUDIO_RATE, 1, "PCM_16", format="FLAC")
@@ -213,27 +212,6 @@ class SessionJournal:
         self._file.write("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
         self._file.flush()
         os.fsync(self._file.fileno())
-
-
-class RecordedSource:
-    """A capture source passed through unchanged, every block the engine reads from it handed to `record`
-    too, in order, on the reading thread (the audio callback only fills the ring, as ever).
-
-        source = RecordedSource(open_input(None), lambda block: journal.record(block, at_s=...))
-    """
-
-    def __init__(self, source, record) -> None:
-        self._source = source
-        self._record = record
-
-    def read(self, timeout_s: float = 0.1) -> np.ndarray | None:
-        samples = self._source.read(timeout_s)
-        if samples is not None and samples.size:
-            self._record(samples)
-        return samples
-
-    def __getattr__(self, name: str):
-        return getattr(self._source, name)
 
 
 def _keep_in_history(path: Path) -> None:

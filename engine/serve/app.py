@@ -396,12 +396,13 @@ def _transcribe_file(registry: ModelRegistry, model_name: str, path: str, option
     if options.task == "translate" and not model.multilingual:
         raise ApiError(400, f"{model.name} is English-only and cannot translate; ask for a multilingual model.",
                        param="model")
-    result = transcribe(model, path, options, stop=stop)
+    audio = load_audio(path) if diarize else None  # diarization needs the whole recording: decoded once for both
+    result = transcribe(model, path if audio is None else audio, options, stop=stop)
     # A translation is English whatever was spoken: only transcripts can hold Chinese.
     language = result.info.language if options.task == "transcribe" else None
     segments = list(localize_segments(result, language, default_script()))
-    if diarize and not stop.is_set():
-        turns = list(_diarizer().diarize(load_audio(path)))
+    if audio is not None and not stop.is_set():
+        turns = list(_diarizer().diarize(audio, stop=stop))
         segments = list(assign_speakers(segments, turns, label=speaker_letter))
     return Finished(options.task, result.info, segments, result.timings)
 
