@@ -9,6 +9,8 @@ measures, so bench/decoder_ab.py times the decoder instead. Writes bench/results
 
     .venv/bin/python bench/int8_kernel.py --levels sapphirerapids,alderlake,haswell \\
         --build "before=/tmp/before/bin/python" --build "after=.venv/bin/python" --name int8-kernel-spr
+    .venv/bin/python bench/int8_kernel.py --levels sapphirerapids --build "amx=.venv/bin/python" \\
+        --build "no amx=.venv/bin/python,AURAL_NO_AMX=1" --name int8-kernel-amx-spr
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ WORKER = """
 import json, sys, time
 import numpy as np
 from aural import _native
+from aural.engine import cpu
+cpu.configure()  # the probe's verdicts: AMX tiles only where they passed (AURAL_NO_AMX=1 keeps them out)
 shapes = json.loads(sys.argv[1])
 rng = np.random.default_rng(0)
 out = {}
@@ -46,8 +50,9 @@ print(json.dumps({"kernel": _native.cpu_level()["int8_kernel"], "gmacs": out}))
 """
 
 
-def run(python: str, level: str) -> dict:
-    env = {**os.environ, "AURAL_CPU_VARIANT": level}
+def run(build: str, level: str) -> dict:
+    python, *assignments = build.split(",")
+    env = {**os.environ, **dict(a.split("=", 1) for a in assignments), "AURAL_CPU_VARIANT": level}
     out = subprocess.run([python, "-c", WORKER, json.dumps(SHAPES)], env=env,
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -58,7 +63,7 @@ def run(python: str, level: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--levels", default="haswell", help="comma-separated ggml CPU variants")
-    p.add_argument("--build", action="append", help="name=PYTHON (default: this interpreter)")
+    p.add_argument("--build", action="append", help="name=PYTHON[,VAR=VALUE...] (default: this interpreter)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--name", default="int8-kernel")
     args = p.parse_args(argv)

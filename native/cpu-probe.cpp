@@ -7,9 +7,11 @@
 #include <stdexcept>
 
 #include "backend.h"
+#include "cpu.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "int8-matmul.h"
 
 namespace aural {
 
@@ -107,6 +109,61 @@ probe_result run_case(ggml_backend_t backend, ggml_backend_dev_t dev, ggml_backe
     return r;
 }
 
+// Aural's int8 product (int8-matmul.h) on AMX tiles, vetted apart from ggml's AMX buffer type as "AURAL_AMX":
+// on Debian 12's GCC 12 ggml's kernels raise SIGILL on a machine where tiles work. Its _tile_loadconfig
+// intrinsic names 8 of the configuration's 64 bytes as the instruction's operand, so the stores of the tile
+// shapes are dropped as dead and TILELOADD finds tmm0 unconfigured (disassembly of ggml_backend_amx_mul_mat
+// in libggml-cpu-sapphirerapids.so: one byte stored, then LDTILECFG; llama.cpp PR #26954).
+// Rounding: weights to one step s_w = max|w_row| / 127 per row, activations to s_x = max|x_col| / 127 per
+// column, so each product term is off by at most |x| s_w / 2 + |w| s_x / 2 + s_w s_x / 4; the bound sums that.
+probe_result run_int8_case(ggml_backend_t backend, ggml_backend_dev_t dev, int batch, std::mt19937 & rng) {
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> w(k_in * n_out), x(k_in * batch);
+    for (float & v : w) v = uniform(rng);
+    for (float & v : x) v = uniform(rng);
+    const int64_t n_panels = (n_out + int8_panel_rows - 1) / int8_panel_rows;
+    std::vector<int8_t> packed(int8_panel_bytes(k_in) * n_panels);
+    int8_pack(w.data(), n_out, k_in, packed.data());
+
+    ctx_ptr ctx = new_ctx(4);
+    ggml_tensor * wt = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_I8, int8_panel_bytes(k_in), n_panels);
+    ggml_tensor * xt = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, k_in, batch);
+    ggml_tensor * yt = int8_matmul(ctx.get(), wt, n_out, xt);
+    buffer_ptr buf(ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), ggml_backend_dev_buffer_type(dev)));
+    if (!buf) throw std::runtime_error("probe: cannot allocate the int8 product");
+    ggml_backend_tensor_set(wt, packed.data(), 0, packed.size());
+    ggml_backend_tensor_set(xt, x.data(), 0, x.size() * sizeof(float));
+    ggml_cgraph * gf = ggml_new_graph(ctx.get());
+    ggml_build_forward_expand(gf, yt);
+    if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+        throw std::runtime_error("probe: the int8 product failed");
+    }
+    std::vector<float> y(n_out * batch);
+    ggml_backend_tensor_get(yt, y.data(), 0, y.size() * sizeof(float));
+    auto step = [](const float * v, int64_t n) {
+        double m = 0.0;
+        for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(double(v[i])));
+        return m / 127.0;
+    };
+    probe_result r{"AURAL_AMX", "i8", batch};
+    for (int m = 0; m < batch; ++m) {
+        const float * xm = x.data() + m * k_in;
+        const double sx = step(xm, k_in);
+        for (int64_t n = 0; n < n_out; ++n) {
+            const float * wn = w.data() + n * k_in;
+            const double sw = step(wn, k_in);
+            double exact = 0.0, bound = 1e-6;
+            for (int64_t k = 0; k < k_in; ++k) {
+                exact += double(wn[k]) * xm[k];
+                bound += std::fabs(double(xm[k])) * sw / 2 + std::fabs(double(wn[k])) * sx / 2 + sw * sx / 4;
+            }
+            const double got = y[m * n_out + n];
+            r.error = std::max(r.error, std::isfinite(got) ? std::fabs(got - exact) / bound : INFINITY);
+        }
+    }
+    return r;
+}
+
 }  // namespace
 
 std::vector<probe_result> probe_cpu(const std::function<bool(const std::string &, const std::string &)> & on_start) {
@@ -133,6 +190,12 @@ std::vector<probe_result> probe_cpu(const std::function<bool(const std::string &
             for (int batch : batches) {
                 out.push_back(run_case(backend.get(), dev, buft, type, batch, rng));
             }
+        }
+    }
+    // 32 columns: two blocks of 16 on two pairs of panels; 40: and 8 more through AVX-512 VNNI.
+    if (kernel_amx() && on_start("AURAL_AMX", "i8")) {
+        for (int batch : {32, 40}) {
+            out.push_back(run_int8_case(backend.get(), dev, batch, rng));
         }
     }
     return out;

@@ -1,5 +1,6 @@
 // The CPU probe: each weight type's matrix product run once in the CPU buffer and in each of ggml-cpu's
-// extra buffer types (AMX, CPU_REPACK), checked against a float64 product. A buffer type whose kernels
+// extra buffer types (AMX, CPU_REPACK), checked against a float64 product; where the CPU has AMX, Aural's
+// int8 product on AMX tiles too, under the name "AURAL_AMX" (type "i8"). A buffer type whose kernels
 // fault (SIGILL from AMX tiles a hypervisor does not enable) kills the process, so it is run in a child
 // process (aural.engine.cpu.probe) that names each case before running it.
 //

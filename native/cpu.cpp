@@ -1,6 +1,8 @@
 #include "cpu.h"
 
 #include <dlfcn.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -9,6 +11,10 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 #include "backend.h"
 #include "ggml-backend.h"
@@ -27,6 +33,8 @@ std::string in_use = "built-in";
 std::string reason = "this ggml build links its CPU backend in (no variants to choose from)";
 std::atomic<int> cap{-1};  // kernel_isa(), computed once the CPU backend is registered
 std::atomic<bool> avx_vnni{false};  // kernel_avx_vnni(), set with cap
+std::atomic<bool> amx_hw{false};     // the CPU, the variant and the OS run AMX-INT8 tiles, set with cap
+std::atomic<bool> amx_allowed{false};  // "AURAL_AMX" is not among config.excluded_bufts
 std::vector<backend_load> other_loads;  // load_other_backends(), once
 
 // Where GGML_BACKEND_DL builds put their backends: the bin/ folder of the prefix ggml-python installed into
@@ -85,7 +93,19 @@ std::string names(const std::vector<cpu_variant> & variants, bool runnable_only)
 struct kernel_caps {
     isa level = isa::baseline;
     bool avx_vnni = false;
+    bool amx = false;
 };
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// AMX-TILE and AMX-INT8 by CPUID (leaf 7: EDX bits 24 and 25), then the tile data state, which Linux grants
+// per process on request (arch/x86/include/uapi/asm/prctl.h: ARCH_REQ_XCOMP_PERM; XTILEDATA is xfeature 18).
+bool amx_granted() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+    constexpr long req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return syscall(SYS_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0;
+}
+#endif
 
 kernel_caps compute_caps() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -102,7 +122,7 @@ kernel_caps compute_caps() {
                         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
     const bool vnni = avx512 && has("AVX512_VNNI") && __builtin_cpu_supports("avx512vnni");
     return {vnni ? isa::avx512_vnni : avx512 ? isa::avx512 : avx2 ? isa::avx2 : isa::baseline,
-            avx2 && has("AVX_VNNI") && __builtin_cpu_supports("avxvnni")};
+            avx2 && has("AVX_VNNI") && __builtin_cpu_supports("avxvnni"), vnni && has("AMX_INT8") && amx_granted()};
 #else
     return {};
 #endif
@@ -185,6 +205,7 @@ void configure_cpu(const cpu_config & c) {
                                "' is loaded already");
     }
     config = c;
+    amx_allowed = std::find(c.excluded_bufts.begin(), c.excluded_bufts.end(), "AURAL_AMX") == c.excluded_bufts.end();
 }
 
 void load_dynamic_backends() {
@@ -208,9 +229,10 @@ void load_dynamic_backends() {
     loaded = true;
     const kernel_caps caps = compute_caps();
     avx_vnni = caps.avx_vnni;
+    amx_hw = caps.amx;
     cap = static_cast<int>(caps.level);
-    AURAL_LOG_INFO("CPU variant %s (%s); Aural's kernels up to %s%s", in_use.c_str(), reason.c_str(),
-                   isa_name(caps.level), caps.avx_vnni ? " and AVX-VNNI" : "");
+    AURAL_LOG_INFO("CPU variant %s (%s); Aural's kernels up to %s%s%s", in_use.c_str(), reason.c_str(),
+                   isa_name(caps.level), caps.avx_vnni ? " and AVX-VNNI" : "", caps.amx ? " and AMX" : "");
 }
 
 std::vector<backend_load> dynamic_backend_loads() {
@@ -244,6 +266,11 @@ isa kernel_isa() {
 bool kernel_avx_vnni() {
     kernel_isa();  // loads the backends
     return avx_vnni.load();
+}
+
+bool kernel_amx() {
+    kernel_isa();  // loads the backends
+    return amx_hw.load() && amx_allowed.load();
 }
 
 }  // namespace aural

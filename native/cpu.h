@@ -10,10 +10,10 @@
 // exports ggml_backend_score(), 0 where this CPU lacks the variant's instructions. A build with the CPU
 // backend linked in has no variants: its one level is "built-in".
 //
-// Unconfigured, the variant is $AURAL_CPU_VARIANT or the best-scoring one, and the AMX buffer type is left
-// out: AMX tiles need OS and hypervisor support that CPUID does not prove (issue #16: tileloadd raised
-// SIGILL on a VM that reported AMX and granted ARCH_REQ_XCOMP_PERM). The Python side
-// (aural.engine.cpu) probes the extra buffer types in a child process and configures the result.
+// Unconfigured, the variant is $AURAL_CPU_VARIANT or the best-scoring one, and AMX is left out (ggml's AMX
+// buffer type and Aural's int8 tiles): tiles need OS and hypervisor support that CPUID does not prove, and
+// ggml's AMX kernels as GCC 12 builds them raise SIGILL at their first TILELOADD (issue #16; cpu-probe.cpp
+// says why). The Python side (aural.engine.cpu) probes both in a child process and configures the result.
 //
 // Thread-safety: configure_cpu() before any device use, from one thread; the readers are safe from any
 // thread once the backends are loaded.
@@ -36,7 +36,9 @@ struct cpu_variant {
 
 struct cpu_config {
     std::string variant;                     // "" = $AURAL_CPU_VARIANT, else the best score
-    std::vector<std::string> excluded_bufts = {"AMX"};  // extra buffer types that must not hold weights
+    // Extra buffer types that must not hold weights, and "AURAL_AMX" where Aural's int8 products must not use
+    // AMX tiles: both unvetted by default.
+    std::vector<std::string> excluded_bufts = {"AMX", "AURAL_AMX"};
     std::string reason;                       // why, for `aural doctor` ("" = say how it was picked)
 };
 
@@ -79,5 +81,11 @@ isa kernel_isa();
 // ggml's alderlake variant (Alder Lake and later Intel client cores, Zen 5), not haswell, skylakex or icelake.
 // It sits beside the isa line, not on it: Skylake-X has AVX-512 without it, Alder Lake has it without AVX-512.
 bool kernel_avx_vnni();
+
+// AMX tiles (TDPBUSD) for Aural's int8 products: where this CPU and the loaded variant have AMX-INT8, the OS
+// granted the tile state (ARCH_REQ_XCOMP_PERM) and the configuration does not exclude "AURAL_AMX", which the
+// CPU probe allows only after the tiles ran right in a child process (issue #16: a VM whose tiles raised
+// SIGILL). On top of AVX-512 VNNI, which every AMX CPU has.
+bool kernel_amx();
 
 }  // namespace aural

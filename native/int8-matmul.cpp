@@ -14,6 +14,7 @@
 #define AURAL_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define AURAL_AVX2 __attribute__((target("avx2,fma")))
 #define AURAL_AVX_VNNI __attribute__((target("avx2,fma,avxvnni")))
+#define AURAL_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 #endif
 
 namespace aural {
@@ -69,10 +70,11 @@ AURAL_VNNI void quantize_column(const float * x, int64_t n_cols, uint8_t * out) 
     std::memcpy(out + n_cols, &s, sizeof s);
 }
 
-enum class kernel { avx2, avx_vnni, avx512_vnni };
+enum class kernel { avx2, avx_vnni, avx512_vnni, amx };
 
 kernel widest() {
-    return kernel_isa() >= isa::avx512_vnni ? kernel::avx512_vnni : kernel_avx_vnni() ? kernel::avx_vnni : kernel::avx2;
+    if (kernel_isa() >= isa::avx512_vnni) return kernel_amx() ? kernel::amx : kernel::avx512_vnni;
+    return kernel_avx_vnni() ? kernel::avx_vnni : kernel::avx2;
 }
 
 // AVX2 without VNNI: the same quantised activations and the same integer sums, so the same output bits.
@@ -105,7 +107,7 @@ void quantize_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     for (int64_t c = ith; c < m; c += nth) {
         const float * column = static_cast<const float *>(x->data) + c * n_cols;
         auto * out = static_cast<uint8_t *>(dst->data) + c * dst->nb[1];
-        if (k == kernel::avx512_vnni) {
+        if (k == kernel::avx512_vnni || k == kernel::amx) {
             quantize_column(column, n_cols, out);
         } else {
             quantize_column_avx2(column, n_cols, out, k == kernel::avx2 ? 0 : 128);
@@ -178,6 +180,130 @@ AURAL_VNNI void panel_cols(const int8_t * panel, int64_t n_cols, const uint8_t *
             out += done * out_stride;
         }
         panel_cols<C - 1>(panel, n_cols, xq, xq_stride, m, out, out_stride, rows);
+    }
+}
+
+// AMX: TDPBUSD multiplies a tile of 16 rows x 64 u8 by one of 16 x 64 s8 into 16 x 16 int32 sums, 16 x 1024
+// byte pairs per instruction where VPDPBUSD takes 64 (Intel SDM vol. 1, "Intel AMX"). The packed layout is already
+// a B tile: 16 consecutive groups of a panel (64 bytes each: 16 rows x 4 columns) are the 16 rows of B for
+// 64 values of the input dimension, and 16 columns of xq (stride xq->nb[1]) are the rows of A. C[c][r] is then
+// column c's sum u w for panel row r, the VPDPBUSD kernel's integer, so the epilogue (store_column) gives the
+// same bits. Tiles: sums 0-3 (2 column blocks x 2 panels), activations 4-5, weights 6-7, all 16 x 64 bytes.
+struct alignas(64) tile_config {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t bytes_per_row[16] = {};
+    uint8_t rows[16] = {};
+};
+
+const tile_config & amx_config() {
+    static const tile_config c = [] {
+        tile_config t;
+        for (int i = 0; i < 8; ++i) {
+            t.bytes_per_row[i] = 64;
+            t.rows[i] = 16;
+        }
+        return t;
+    }();
+    return c;
+}
+
+// LDTILECFG / STTILECFG with the whole 64-byte block as the operand (GCC 12's intrinsics name only its first
+// 8 bytes, so the compiler may not see the rest read or written).
+AURAL_AMX inline void load_tile_config(const tile_config & c) { asm volatile("ldtilecfg %0" ::"m"(c)); }
+AURAL_AMX inline void store_tile_config(tile_config & c) { asm volatile("sttilecfg %0" : "=m"(c)); }
+
+// One tile of sums (16 columns x 16 panel rows, at `sums`) through the AVX-512 kernel's epilogue.
+AURAL_VNNI inline void store_sums(const int32_t * sums, const int8_t * tail, const uint8_t * xq, int64_t xq_stride,
+                                  int64_t n_cols, float * out, int64_t out_stride, __mmask16 rows) {
+    const __m512 w_scale = _mm512_loadu_ps(reinterpret_cast<const float *>(tail));
+    const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(tail + 64), 7);  // 128 x row sums
+    for (int c = 0; c < 16; ++c) {
+        store_column(_mm512_loadu_si512(sums + c * 16), offset, w_scale, xq + c * xq_stride + n_cols,
+                     out + c * out_stride, rows);
+    }
+}
+
+// NC column blocks of 16 by NP panels (1 or 2 each). Tile numbers are literals: the intrinsics paste them
+// into the instruction.
+template <int NC, int NP>
+AURAL_AMX void amx_tile(const int8_t * panel, int64_t panel_stride, int64_t n_cols, const uint8_t * xq,
+                        int64_t xq_stride, float * out, int64_t out_stride, const __mmask16 * rows) {
+    _tile_zero(0);
+    if constexpr (NP > 1) _tile_zero(1);
+    if constexpr (NC > 1) _tile_zero(2);
+    if constexpr (NC > 1 && NP > 1) _tile_zero(3);
+    const uint8_t * xq1 = xq + 16 * xq_stride;
+    const int8_t * panel1 = panel + panel_stride;
+    for (int64_t k = 0; k < n_cols; k += 64) {  // n_cols is a multiple of 64
+        _tile_loadd(4, xq + k, xq_stride);
+        _tile_loadd(6, panel + k * int8_panel_rows, 64);
+        _tile_dpbusd(0, 4, 6);
+        if constexpr (NP > 1) {
+            _tile_loadd(7, panel1 + k * int8_panel_rows, 64);
+            _tile_dpbusd(1, 4, 7);
+        }
+        if constexpr (NC > 1) {
+            _tile_loadd(5, xq1 + k, xq_stride);
+            _tile_dpbusd(2, 5, 6);
+            if constexpr (NP > 1) _tile_dpbusd(3, 5, 7);
+        }
+    }
+    alignas(64) int32_t sums[4][16 * 16];
+    _tile_stored(0, sums[0], 64);
+    if constexpr (NP > 1) _tile_stored(1, sums[1], 64);
+    if constexpr (NC > 1) _tile_stored(2, sums[2], 64);
+    if constexpr (NC > 1 && NP > 1) _tile_stored(3, sums[3], 64);
+    const int8_t * tail = panel + n_cols * int8_panel_rows;
+    for (int c = 0; c < NC; ++c) {
+        for (int p = 0; p < NP; ++p) {
+            store_sums(sums[c * 2 + p], tail + p * panel_stride, xq + c * 16 * xq_stride, xq_stride, n_cols,
+                       out + c * 16 * out_stride + p * int8_panel_rows, out_stride, rows[p]);
+        }
+    }
+}
+
+// Panels [p0, p1) against every column: 32-column blocks outside, pairs of panels inside, so a block's
+// activations (32 x n_cols bytes) stay in L1 while the thread's panels stream from L2; the other order read
+// all of xq once per pair of panels, 2.3 MB at tiny.en's 1536-wide FFN input, past L2. Blocks of 16 come
+// last, and the columns left of a multiple of 16 go through the AVX-512 kernel. The thread's tile
+// configuration is saved and put back, since ggml's AMX kernels configure a thread's tiles once and rely on it
+// after (ggml-cpu/amx/mmq.cpp).
+AURAL_AMX void panels_amx(const ggml_tensor * w, const uint8_t * xq, int64_t xq_stride, int64_t m, int64_t n_cols,
+                          int64_t n_rows, int64_t p0, int64_t p1, float * out) {
+    tile_config saved;
+    store_tile_config(saved);
+    load_tile_config(amx_config());
+    const int64_t m16 = m / 16 * 16;
+    const auto * panels = static_cast<const int8_t *>(w->data);
+    const int64_t stride = w->nb[1];
+    auto live_rows = [&](int64_t p) {
+        const int64_t live = std::min<int64_t>(int8_panel_rows, n_rows - p * int8_panel_rows);
+        return static_cast<__mmask16>((1u << live) - 1);
+    };
+    for (int64_t c = 0; c < m16; c += 32) {
+        const bool two = c + 32 <= m16;
+        const uint8_t * x = xq + c * xq_stride;
+        for (int64_t p = p0; p < p1; p += 2) {
+            const __mmask16 rows[2] = {live_rows(p), p + 1 < p1 ? live_rows(p + 1) : __mmask16(0)};
+            const int8_t * panel = panels + p * stride;
+            float * o = out + c * n_rows + p * int8_panel_rows;
+            if (p + 1 < p1) {
+                two ? amx_tile<2, 2>(panel, stride, n_cols, x, xq_stride, o, n_rows, rows)
+                    : amx_tile<1, 2>(panel, stride, n_cols, x, xq_stride, o, n_rows, rows);
+            } else {
+                two ? amx_tile<2, 1>(panel, stride, n_cols, x, xq_stride, o, n_rows, rows)
+                    : amx_tile<1, 1>(panel, stride, n_cols, x, xq_stride, o, n_rows, rows);
+            }
+        }
+    }
+    for (int64_t p = p0; p < p1 && m16 < m; ++p) {
+        panel_cols(panels + p * stride, n_cols, xq + m16 * xq_stride, xq_stride, m - m16,
+                   out + m16 * n_rows + p * int8_panel_rows, n_rows, live_rows(p));
+    }
+    if (saved.palette != 0) {
+        load_tile_config(saved);
+    } else {
+        _tile_release();
     }
 }
 
@@ -294,13 +420,25 @@ void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * xq = dst->src[1];
     const int64_t n_rows = dst->ne[0], m = dst->ne[1], n_cols = xq->ne[0] - 4, n_panels = w->ne[1];
     const int64_t p0 = n_panels * ith / nth, p1 = n_panels * (ith + 1) / nth;
-    const kernel k = widest();
+    kernel k = widest();
+    if (k == kernel::amx) {
+        // Tiles take 64 input values and 16 columns per step: a matrix of another width, or fewer than 16
+        // columns (a decoder step's tokens and beams, bound by reading the weights either way), stay with
+        // AVX-512 VNNI.
+        if (n_cols % 64 == 0 && m >= 16) {
+            panels_amx(w, static_cast<const uint8_t *>(xq->data), xq->nb[1], m, n_cols, n_rows, p0, p1,
+                       static_cast<float *>(dst->data));
+            return;
+        }
+        k = kernel::avx512_vnni;
+    }
     for (int64_t p = p0; p < p1; ++p) {
         const int64_t live = std::min<int64_t>(int8_panel_rows, n_rows - p * int8_panel_rows);
         const auto * panel = static_cast<const int8_t *>(w->data) + p * w->nb[1];
         const auto * xq_data = static_cast<const uint8_t *>(xq->data);
         float * out = static_cast<float *>(dst->data) + p * int8_panel_rows;
         switch (k) {
+            case kernel::amx:  // taken above
             case kernel::avx512_vnni:
                 panel_cols(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<__mmask16>((1u << live) - 1));
                 break;
@@ -321,6 +459,7 @@ bool int8_matmul_available() { return kernel_isa() >= isa::avx2; }
 const char * int8_kernel_name() {
     if (!int8_matmul_available()) return "none";
     switch (widest()) {
+        case kernel::amx: return "amx";
         case kernel::avx512_vnni: return "avx512_vnni";
         case kernel::avx_vnni: return "avx_vnni";
         default: return "avx2";

@@ -1,7 +1,7 @@
-// Matrix products with int8 weights and int8 activations on CPUs with AVX2 (AVX-VNNI or AVX-512 VNNI where present), as
-// CTranslate2's int8 compute type does: each weight row has one scale (absmax / 127), each activation column
-// one scale, set when it is computed, and the products accumulate exactly in int32, so every CPU level that
-// runs them gives the same bits.
+// Matrix products with int8 weights and int8 activations on CPUs with AVX2 (AVX-VNNI, AVX-512 VNNI or AMX
+// where present), as CTranslate2's int8 compute type does: each weight row has one scale (absmax / 127), each
+// activation column one scale, set when it is computed, and the products accumulate exactly in int32, so
+// every CPU level that runs them gives the same bits.
 //
 //   int8_pack(values, n_rows, n_cols, packed);  // at load: f32 rows -> an I8 tensor's data (layout below)
 //   y = int8_matmul(ctx, packed, n_rows, x);    // x [n_cols, m] f32 -> y [n_rows, m] f32
@@ -27,7 +27,8 @@ namespace aural {
 // bits), with the same results.
 bool int8_matmul_available();
 
-// The kernel this CPU level runs: "avx512_vnni", "avx_vnni", "avx2" or "none".
+// The kernel this CPU level runs: "amx" (AVX-512 VNNI for products of fewer than 16 columns), "avx512_vnni",
+// "avx_vnni", "avx2" or "none".
 const char * int8_kernel_name();
 
 constexpr int64_t int8_panel_rows = 16;

@@ -45,12 +45,14 @@ def test_the_level_in_use_is_one_this_cpu_runs_and_caps_the_kernels(level):
     assert level.kernel_isa == expected
     with open("/proc/cpuinfo") as info:
         avx_vnni = features.get("AVX_VNNI") == "1" and "avx_vnni" in info.read().split()
-    assert level.int8_kernel == ("none" if expected == "baseline" else "avx512_vnni" if expected == "avx512_vnni"
-                                 else "avx_vnni" if avx_vnni else "avx2")
+    # AMX tiles where the variant has AMX-INT8 and the probe let Aural's tiles in
+    amx = expected == "avx512_vnni" and features.get("AMX_INT8") == "1" and "AURAL_AMX" not in level.excluded
+    assert level.int8_kernel == ("none" if expected == "baseline" else "amx" if amx else "avx512_vnni"
+                                 if expected == "avx512_vnni" else "avx_vnni" if avx_vnni else "avx2")
     kernels = _native.cpu_kernels()
     assert kernels["int8_matmul"] == (expected != "baseline")  # AVX2 and up
     assert kernels["encoder_attention"] == (expected != "baseline")
-    assert "AMX" in level.excluded or level.bufts.get("AMX") == "ok"
+    assert all(name in level.excluded or level.bufts.get(name) == "ok" for name in ("AMX", "AURAL_AMX"))
 
 
 ZEN2 = {"vendor_id": "AuthenticAMD", "cpu family": "23", "model": "49", "model name": "AMD EPYC",
@@ -109,6 +111,20 @@ def test_a_buffer_type_that_faults_is_left_out_and_cached(tmp_path):
     assert [v[victim] for v in stored.values()] == [verdicts[victim]]
     # Cached: without the fault the same machine keeps the stored verdict.
     assert doctor({"AURAL_CACHE_DIR": str(tmp_path / "fault")})["cpu_level"]["extra_buffers"] == verdicts
+
+
+def test_aurals_amx_tiles_are_used_only_where_they_passed_their_probe(tmp_path):
+    """Aural's int8 products go to AMX tiles only after the probe ran them right (AURAL_AMX): a fault there, or
+    AURAL_NO_AMX=1, leaves them on AVX-512 VNNI with the same bits (test_int8_products_are_the_same_bits...)."""
+    clean = doctor({"AURAL_CACHE_DIR": str(tmp_path)})["cpu_level"]
+    if clean["extra_buffers"].get("AURAL_AMX") != "ok":
+        pytest.skip("Aural's AMX tiles do not run here (no AMX-INT8, or they failed their probe)")
+    assert clean["int8_kernel"] == "amx" and "AURAL_AMX" not in clean["excluded"]
+    faulted = doctor({"AURAL_CACHE_DIR": str(tmp_path / "fault"), "AURAL_CPU_PROBE_FAULT": "AURAL_AMX"})["cpu_level"]
+    assert faulted["extra_buffers"]["AURAL_AMX"] == "SIGILL in its i8 product"
+    assert faulted["int8_kernel"] == "avx512_vnni" and "AURAL_AMX" in faulted["excluded"]
+    off = doctor({"AURAL_CACHE_DIR": str(tmp_path), cpu.NO_AMX_ENV: "1"})["cpu_level"]
+    assert off["int8_kernel"] == "avx512_vnni" and {"AMX", "AURAL_AMX"} <= set(off["excluded"])
 
 
 def test_a_variant_whose_plain_products_fault_is_passed_over(tmp_path):
@@ -288,10 +304,12 @@ def int8_product64(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return sums * (sw.T * sx)
 
 
-@pytest.mark.parametrize("rows, cols, m", [(100, 384, 37), (1536, 1536, 9)])
+@pytest.mark.parametrize("rows, cols, m", [(100, 384, 37), (1536, 1536, 9), (100, 448, 53), (100, 400, 53)])
 def test_int8_products_are_their_exact_integer_sums_scaled_in_f32(level, rows, cols, m):
     """Bit for bit the arithmetic int8_product64 spells out, with whichever kernel this level runs: 100 rows
-    end in a partial panel, 37 columns take every tile width, and a sum past 2^24 is rounded as VCVTDQ2PS does."""
+    end in a partial panel, 37 columns take every tile width, and a sum past 2^24 is rounded as VCVTDQ2PS does.
+    With AMX: 53 columns are blocks of 32 and 16 and 5 left for AVX-512; 400 values per column (not a
+    multiple of the tiles' 64) stay with AVX-512 throughout."""
     if level.kernel_isa == "baseline":
         pytest.skip("Aural's int8 products need AVX2")
     rng = np.random.default_rng(rows + cols + m)
@@ -302,16 +320,19 @@ def test_int8_products_are_their_exact_integer_sums_scaled_in_f32(level, rows, c
     assert np.array_equal(_native.kernel_int8_matmul(w, x), int8_product64(w, x))
 
 
-@pytest.mark.parametrize("variant, kernel", [("haswell", "avx2"), ("alderlake", "avx_vnni")])
-def test_int8_products_are_the_same_bits_with_each_kernel(level, tmp_path, variant, kernel):
+@pytest.mark.parametrize("variant, kernel, m", [("haswell", "avx2", 37), ("alderlake", "avx_vnni", 37),
+                                               ("icelake", "avx512_vnni", 53)])
+def test_int8_products_are_the_same_bits_with_each_kernel(level, tmp_path, variant, kernel, m):
     """The AVX2 kernel (VPSIGNB, VPMADDUBSW, VPMADDWD) forms the same int32 sums of the same int8 values as
-    VPDPBUSD (AVX-VNNI on ymm, AVX-512 VNNI on zmm) less its unsigned offset, and all three scale them alike:
-    a child at `variant` and this level agree bit for bit, so choosing the level moves no int8 token."""
+    VPDPBUSD (AVX-VNNI on ymm, AVX-512 VNNI on zmm) and TDPBUSD (AMX tiles) less their unsigned offset, and all
+    scale them alike: a child at `variant` and this level agree bit for bit, so choosing the level moves no
+    int8 token."""
     if variant not in runnable() or level.int8_kernel in ("none", kernel):
         pytest.skip(f"needs a CPU that runs ggml's {variant} variant and another int8 kernel at its best level")
     rng = np.random.default_rng(7)
     w = rng.normal(0, 0.05, (100, 384)).astype(np.float32)  # 100 rows: a partial last panel
-    x = rng.normal(0, 1, (37, 384)).astype(np.float32)  # 37 columns: every tile width of both kernels
+    x = rng.normal(0, 1, (m, 384)).astype(np.float32)  # 37 columns: every tile width of the ymm kernels; 53:
+    # AMX's blocks of 32 and 16 columns, and 5 for AVX-512
     np.save(tmp_path / "w.npy", w)
     np.save(tmp_path / "x.npy", x)
     child = ("import numpy as np, sys; from aural.engine import cpu; cpu.configure(); from aural import _native; "

@@ -5,10 +5,11 @@ and the instruction set Aural's own kernels are capped to (native/cpu.h).
     # AURAL_CPU_VARIANT=haswell (the CLI's --cpu-variant sets it) names the level instead
 
 The default is the best-scoring variant that passes its probe. The probe runs each weight type's matrix
-product in each buffer type ggml-cpu offers (AMX, CPU_REPACK) in a child process: AMX tiles need OS and
-hypervisor support that CPUID does not prove (issue #16: SIGILL on a VM that reported AMX). A buffer type
-that faults or computes wrong numbers is left out; a variant whose plain products fail is passed over for
-the next best. Verdicts are cached per machine in <cache>/cpu-probe.json.
+product in each buffer type ggml-cpu offers (AMX, CPU_REPACK), and Aural's int8 product on AMX tiles
+(AURAL_AMX), in a child process: AMX tiles need OS and hypervisor support that CPUID does not prove, and
+ggml's AMX kernels built by GCC 12 raise SIGILL even where tiles work (native/cpu-probe.cpp says why). A
+buffer type that faults or computes wrong numbers is left out; a variant whose plain products fail is
+passed over for the next best. Verdicts are cached per machine in <cache>/cpu-probe.json.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ __all__ = ["CpuLevel", "CpuLevelError", "configure", "cpu_class", "cpu_core", "c
 logger = logging.getLogger(__name__)
 
 VARIANT_ENV = "AURAL_CPU_VARIANT"
+# AMX tiles are used only where the probe ran them right: ggml's AMX buffer type, and Aural's int8 products on
+# tiles ("AURAL_AMX"). AURAL_NO_AMX=1 keeps both out where the probe let them in: the A/B switch of
+# bench/encoder_ab.py, and a way round a hypervisor that faults on them later.
+_AMX = ("AMX", "AURAL_AMX")
+NO_AMX_ENV = "AURAL_NO_AMX"
 BUILT_IN = "built-in"
 # The child loads one variant and runs 2 x 4 x (number of buffer types) small products: well under 1 s;
 # the limit is for a child that hangs instead of faulting.
@@ -47,9 +53,10 @@ class CpuLevelError(AuralError):
 class CpuLevel:
     """variant: ggml's CPU variant in use ("built-in" without variants); reason: why it was chosen;
     kernel_isa: the widest instruction set Aural's kernels use; int8_kernel: the int8 products' kernel
-    ("avx512_vnni", "avx_vnni" beside the line of kernel_isa, "avx2", "none"); bufts: each extra buffer type's probe
-    verdict ("ok" or why not); excluded: the buffer types that hold no weights; runnable: the variants this
-    CPU runs, best first."""
+    ("amx", "avx512_vnni", "avx_vnni" beside the line of kernel_isa, "avx2", "none"); bufts: each extra
+    buffer type's probe verdict ("ok" or why not), and AURAL_AMX's (Aural's int8 products on AMX tiles);
+    excluded: the buffer types that hold no weights, and AURAL_AMX where the tiles are not used; runnable:
+    the variants this CPU runs, best first."""
 
     variant: str
     reason: str
@@ -99,8 +106,9 @@ def _configure() -> CpuLevel:
     else:
         raise CpuLevelError("no CPU variant passes its probe: " + "; ".join(passed_over))
     bufts = {name: verdict for name, verdict in verdicts.items() if name != "CPU"}
-    excluded = tuple(sorted({name for name, verdict in bufts.items() if verdict != _OK} | (
-        set() if bufts.get("AMX") == _OK else {"AMX"})))
+    no_amx = os.environ.get(NO_AMX_ENV) == "1"
+    excluded = tuple(sorted({name for name, verdict in bufts.items() if verdict != _OK} | {
+        name for name in _AMX if no_amx or bufts.get(name) != _OK}))
     reason = _reason(want, candidate, len(runnable), passed_over)
     try:
         _native.configure_cpu(variant="" if candidate == BUILT_IN else candidate, excluded_bufts=list(excluded),
