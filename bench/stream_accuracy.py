@@ -34,8 +34,9 @@ SAMPLE_RATE = 16000
 
 def options_of(config: str):
     """"local-agreement" or "alignatt-f<frames>", then optionally "/s<seconds>" (step_s), "/c<seconds>"
-    (min_silence_commit_s), "/pause0" or "/pause1" (pause_step) and "/d<words>" (doubled_run_words, d0:
-    None), as StreamOptions: "local-agreement/s0.5/c0.5/pause1"."""
+    (min_silence_commit_s), "/pause0" or "/pause1" (pause_step), "/d<words>" (doubled_run_words, d0:
+    None), "/g<seconds>" (commit_margin_s) and "/a<seconds>" (agree_gap_s), as StreamOptions:
+    "local-agreement/s0.5/a1.0"."""
     from aural.engine.live.streaming import StreamOptions
 
     policy, *extras = config.split("/")
@@ -51,6 +52,8 @@ def options_of(config: str):
             fields["doubled_run_words"] = int(extra[1:]) or None
         elif extra.startswith("g"):
             fields["commit_margin_s"] = float(extra[1:])
+        elif extra.startswith("a"):
+            fields["agree_gap_s"] = float(extra[1:])
         elif extra in ("pause0", "pause1"):
             fields["pause_step"] = extra == "pause1"
         else:
@@ -102,7 +105,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="local-agreement,alignatt-f25",
                    help="comma-separated: local-agreement or alignatt-f<frames>, each with optional /s<s> /c<s> "
-                        "/pause0|1 /d<words>")
+                        "/pause0|1 /d<words> /g<s> /a<s>")
     p.add_argument("--name", default="stream-accuracy", help="results file stem")
     args = p.parse_args(argv)
     import datetime as dt

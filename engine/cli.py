@@ -639,6 +639,10 @@ def _add_live(subparsers: Any) -> None:
     p.add_argument("--margin", type=float, metavar="S",
                    help="commit only words that end S seconds before the newest audio: fewer wrong words made "
                         "final (0.5: about 4 %% fewer errors), the last words final about 0.2 s later (default: 0)")
+    p.add_argument("--agree-gap", type=float, metavar="S",
+                   help="local-agreement: a word is final once the hypothesis decoded S seconds of audio earlier "
+                        "agrees on it (0: the previous one); with --step 0.5, partials twice as often without "
+                        "committing sooner guesses (default: 0)")
     p.add_argument("--pause-step", action=argparse.BooleanOptionalAction, default=None,
                    help="decode as soon as the speaker pauses, so that the last words are final about 0.4 s "
                         "after they are spoken (default: on)")

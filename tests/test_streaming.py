@@ -41,6 +41,7 @@ from aural.engine.live.streaming import (
     _Hypothesis,
     _parse,
     _join,
+    _key,
     _repeated_run,
     _skip_committed,
     _units,
@@ -493,6 +494,41 @@ def test_while_speech_goes_on_words_commit_only_a_margin_before_the_newest_audio
     assert " ".join(text).endswith("country.")
     with pytest.raises(ValueError, match="commit_margin_s"):
         StreamOptions(commit_margin_s=-0.1)
+
+
+def test_with_an_agreement_gap_a_commit_agrees_with_a_hypothesis_that_much_audio_older(model, jfk_wav):
+    """agree_gap_s: decodes every step_s (0.5 s), but while the gate is open words are committed only as a
+    hypothesis decoded at least the gap (1 s) of audio earlier held them; the pause commit still makes the
+    tail final."""
+    audio, rate = sf.read(jfk_wav, dtype="float32")
+    block = rate // 10
+    samples = np.concatenate([audio, np.zeros(3 * rate, np.float32)])
+    stream = _Stream(model, StreamOptions(step_s=0.5, agree_gap_s=1.0), "device")
+    decoded = []  # (input samples decoded, the hypothesis' words)
+    decode = stream._decode
+
+    def recording_decode():
+        hyp, result = decode()
+        decoded.append((stream.decoded_upto, [w.key for w in hyp.words]))
+        return hyp, result
+
+    stream._decode = recording_decode
+    committed, checked = [], 0
+    for start in range(0, samples.size, block):
+        stream.feed(samples[start:start + block])
+        speaking = stream.silence_from is None
+        for commit in commits(list(stream.poll())):
+            keys = [_key(unit) for unit, _ in _units(commit.text)]
+            if speaking:
+                older = [words for at, words in decoded if at <= decoded[-1][0] - rate]
+                assert any(words[i:i + len(keys)] == keys for words in older for i in range(len(words))), commit.text
+                checked += 1
+            committed.append(commit.text)
+    steps = np.diff([at for at, _ in decoded[:4]])
+    assert np.all(steps <= 0.5 * rate + block)  # partials every 0.5 s while JFK speaks
+    assert checked and " ".join(committed).endswith("country.")
+    with pytest.raises(ValueError, match="agree_gap_s"):
+        StreamOptions(agree_gap_s=-1)
 
 
 @dataclass(frozen=True)
