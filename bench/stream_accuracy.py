@@ -35,7 +35,7 @@ SAMPLE_RATE = 16000
 def options_of(config: str):
     """"local-agreement" or "alignatt-f<frames>", then optionally "/s<seconds>" (step_s), "/c<seconds>"
     (min_silence_commit_s), "/pause0" or "/pause1" (pause_step), "/d<words>" (doubled_run_words, d0:
-    None), "/g<seconds>" (commit_margin_s) and "/a<seconds>" (agree_gap_s), as StreamOptions:
+    None), "/g<seconds>" (commit_margin_s), "/a<seconds>" (agree_gap_s) and "/b<beams>" (beam_size), as StreamOptions:
     "local-agreement/s0.5/a1.0"."""
     from aural.engine.live.streaming import StreamOptions
 
@@ -54,6 +54,8 @@ def options_of(config: str):
             fields["commit_margin_s"] = float(extra[1:])
         elif extra.startswith("a"):
             fields["agree_gap_s"] = float(extra[1:])
+        elif extra.startswith("b"):
+            fields["beam_size"] = int(extra[1:])
         elif extra in ("pause0", "pause1"):
             fields["pause_step"] = extra == "pause1"
         else:
@@ -105,7 +107,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="local-agreement,alignatt-f25",
                    help="comma-separated: local-agreement or alignatt-f<frames>, each with optional /s<s> /c<s> "
-                        "/pause0|1 /d<words> /g<s> /a<s>")
+                        "/pause0|1 /d<words> /g<s> /a<s> /b<beams>")
     p.add_argument("--name", default="stream-accuracy", help="results file stem")
     args = p.parse_args(argv)
     import datetime as dt

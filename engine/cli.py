@@ -643,6 +643,8 @@ def _add_live(subparsers: Any) -> None:
                    help="local-agreement: a word is final once the hypothesis decoded S seconds of audio earlier "
                         "agrees on it (0: the previous one); with --step 0.5, partials twice as often without "
                         "committing sooner guesses (default: 0)")
+    p.add_argument("--beam", type=int, metavar="N",
+                   help="hypotheses each decode keeps (beam search, as for files; default: 1, greedy)")
     p.add_argument("--pause-step", action=argparse.BooleanOptionalAction, default=None,
                    help="decode as soon as the speaker pauses, so that the last words are final about 0.4 s "
                         "after they are spoken (default: on)")

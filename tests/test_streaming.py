@@ -531,6 +531,24 @@ def test_with_an_agreement_gap_a_commit_agrees_with_a_hypothesis_that_much_audio
         StreamOptions(agree_gap_s=-1)
 
 
+def test_a_stream_can_decode_with_beam_search(model, jfk_wav):
+    """beam_size: each decode is a beam search over the session's sequences (their cells reordered as beams
+    win and lose), for either policy, and JFK is captioned to its last word."""
+    audio, rate = sf.read(jfk_wav, dtype="float32")
+    samples = np.concatenate([audio, np.zeros(2 * rate, np.float32)])
+    for policy in ("local-agreement", "alignatt"):
+        stream = _Stream(model, StreamOptions(beam_size=5, policy=policy), "device")
+        text = []
+        for start in range(0, samples.size, rate // 10):
+            stream.feed(samples[start:start + rate // 10])
+            text += [c.text for c in commits(list(stream.poll()))]
+        stats = stream.ctx.stats
+        assert stats["n_seq"] == 5 and stats["reorders"] > 0
+        assert " ".join(text).lower().endswith("what you can do for your country.")
+    with pytest.raises(ValueError, match="beam_size"):
+        StreamOptions(beam_size=0)
+
+
 @dataclass(frozen=True)
 class Fragment:
     """A live commit as the app's transcript keeps it (app.export.CaptionSegment's fields)."""
