@@ -1,8 +1,10 @@
 #include "cpu.h"
 
 #include <dlfcn.h>
+#if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -102,8 +104,12 @@ struct kernel_caps {
 bool amx_granted() {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+#if defined(__linux__)
     constexpr long req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
     return syscall(SYS_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+    return false;  // other systems grant the tile state their own way: not used there
+#endif
 }
 #endif
 
