@@ -317,9 +317,11 @@ class FileWorker(_Reporter):
         if request.stop.is_set():
             self.cancelled.emit()
             return
+        # Diarization needs the whole recording: decoded once for both, as `aural transcribe --diarize` does.
+        source = load_audio(request.path) if request.diarize else request.path
         # The engine checks the stop flag at every decoder step, and a StopEvent also interrupts the
         # native call in progress, so a cancel lands within one graph node.
-        result = transcribe(request.model, request.path, request.options, kv_mode=request.kv_mode,
+        result = transcribe(request.model, source, request.options, kv_mode=request.kv_mode,
                             progress=self.progress.emit, stop=request.stop, on_fallback=self.fallback.emit)
         self.opened.emit(result.info)
         # Chinese in the user's script, as `aural transcribe` writes it (a translation is English).
@@ -332,21 +334,21 @@ class FileWorker(_Reporter):
             self.cancelled.emit()
             return
         if request.diarize:
-            segments = self._named(request, segments)
+            segments = self._named(request, source, segments)
             if request.stop.is_set():
                 self.cancelled.emit()
                 return
         self._keep(request.path, result.info, segments)
         self.done.emit(result.timings)
 
-    def _named(self, request: FileRequest, segments: list) -> list:
-        """The segments with their speakers; unchanged, and `not_diarized` says why, when that fails."""
+    def _named(self, request: FileRequest, audio, segments: list) -> list:
+        """The segments with their speakers (`audio`: the file's 16 kHz samples); unchanged, and
+        `not_diarized` says why, when that fails."""
         self.diarizing.emit()
         try:
             if self._diarizer is None:
                 self._diarizer = Diarizer.installed()
-            turns = list(self._diarizer.diarize(load_audio(request.path), DiarizeOptions(n_speakers=request.n_speakers),
-                                                request.stop))
+            turns = list(self._diarizer.diarize(audio, DiarizeOptions(n_speakers=request.n_speakers), request.stop))
             if request.stop.is_set():
                 return segments
         except (AuralError, RuntimeError, ValueError) as e:  # the native embedder's errors are Runtime/ValueError
