@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,10 +46,17 @@ _SCRIPT = (
 _CLOSER_WAIT_S = 60.0
 
 
+# Whether PortAudio has listed the devices with a sound server up, in this process (see rescan_portaudio).
+_scanned_with_server = False
+
+
 def rescan_portaudio() -> None:
     """Makes PortAudio list the devices of the server now in PULSE_SERVER (it lists them only at init).
     Pa_Terminate while a background closer aborts a stream deadlocked both (CI hung in this fixture), so
-    the closers are waited for first."""
+    the closers are waited for first. A closer that never ends (libpulse can deadlock in a stream whose
+    daemon a test killed: CI lost 17 tests to one) leaves PortAudio as it is when it has already listed
+    ALSA's pulse devices once: those connect to whatever server PULSE_SERVER names when a stream opens."""
+    global _scanned_with_server
     import sounddevice as sd
 
     from aural.engine.live.capture import CLOSER_THREAD
@@ -56,10 +64,15 @@ def rescan_portaudio() -> None:
     for closer in [t for t in threading.enumerate() if t.name == CLOSER_THREAD]:
         closer.join(_CLOSER_WAIT_S)
         if closer.is_alive():
+            if _scanned_with_server:
+                warnings.warn(f"an earlier test's input stream is still closing after {_CLOSER_WAIT_S:.0f} s: "
+                              "PortAudio keeps its device list")
+                return
             raise RuntimeError(f"an earlier test's input stream is still closing after {_CLOSER_WAIT_S:.0f} s: "
                                "PortAudio cannot be re-initialised")
     sd._terminate()
     sd._initialize()
+    _scanned_with_server = True
 
 
 class VirtualMic:
