@@ -264,7 +264,7 @@ def _prefill(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_text_
     sot_index = initial.index(tokenizer.sot)
     rows = sorted({sot_index, len(initial) - 1})
     logits = ctx.decode(np.asarray(initial, dtype=np.int32), 0, rows)
-    timer.add_call(ctx.last_timings)
+    timer.add_call(ctx.last_timings, prefill=True)
     return _Prefill(
         tokenizer=tokenizer,
         rules=build_logit_rules(tokenizer, options, logits.shape[-1]),

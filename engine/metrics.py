@@ -35,6 +35,10 @@ class TokenTimer:
         logits_ms: summed time reading logits back.
         sampling_ms: summed Python-side time filtering logits and picking the token.
         reused_calls: decode calls that reused a cached decoder graph.
+        prefill_calls: the calls among them that fed a window's initial sequence (the SOT tokens and the
+            prompt: up to 224 previous-text tokens at once) rather than one sampled token per sequence.
+        prefill_tokens: tokens those calls fed.
+        prefill_compute_ms: their summed native compute time (part of compute_ms).
     """
 
     n_calls: int = 0
@@ -45,14 +49,22 @@ class TokenTimer:
     logits_ms: float = 0.0
     sampling_ms: float = 0.0
     reused_calls: int = 0
+    prefill_calls: int = 0
+    prefill_tokens: int = 0
+    prefill_compute_ms: float = 0.0
 
-    def add_call(self, timings: Mapping[str, float]) -> None:
-        """Adds one `Context.last_timings` dict."""
+    def add_call(self, timings: Mapping[str, float], *, prefill: bool = False) -> None:
+        """Adds one `Context.last_timings` dict; `prefill` marks a window's initial-sequence call."""
         self.n_calls += 1
-        self.n_tokens += int(timings.get("n_tokens", 1))
+        n_tokens = int(timings.get("n_tokens", 1))
+        self.n_tokens += n_tokens
         self.reused_calls += int(bool(timings.get("reused", False)))
         for key in _NATIVE_KEYS:
             setattr(self, key, getattr(self, key) + float(timings.get(key, 0.0)))
+        if prefill:
+            self.prefill_calls += 1
+            self.prefill_tokens += n_tokens
+            self.prefill_compute_ms += float(timings.get("compute_ms", 0.0))
 
     def add_sampling(self, seconds: float) -> None:
         self.sampling_ms += seconds * 1000.0
@@ -78,7 +90,12 @@ class Timings:
             fewer for a shortened context, see TranscribeOptions.audio_ctx).
         n_decode_calls: decoder calls, one per sampled token plus one prompt batch per attempt.
         n_tokens: tokens fed to the decoder.
-        compute_ms: mean native compute time per decode call (per token).
+        compute_ms: mean native compute time per decode call (per token), prefill calls included.
+        step_compute_ms: mean native compute time per sampling step (one new token per sequence): the
+            decoder's per-token cost, without the prefill calls that feed a window's prompt at once.
+        n_prefill_calls: the decode calls that fed a window's initial sequence (one per attempt).
+        prefill_ms: mean native compute time per prefill call.
+        prefill_tokens: mean tokens per prefill call (SOT sequence plus prompt).
         kv_io_ms: mean host<->device KV transfer time per decode call.
         kv_io_bytes: mean KV bytes moved per decode call (0 when the KV cache lives on the device).
         logits_ms: mean logits read-back time per decode call.
@@ -104,6 +121,10 @@ class Timings:
     n_decode_calls: int = 0
     n_tokens: int = 0
     compute_ms: float = 0.0
+    step_compute_ms: float = 0.0
+    n_prefill_calls: int = 0
+    prefill_ms: float = 0.0
+    prefill_tokens: float = 0.0
     kv_io_ms: float = 0.0
     kv_io_bytes: float = 0.0
     logits_ms: float = 0.0
@@ -134,6 +155,12 @@ class Timings:
         calls = max(tokens.n_calls, 1)
         for key in (*_NATIVE_KEYS, "sampling_ms"):
             setattr(self, key, getattr(tokens, key) / calls)
+        steps = tokens.n_calls - tokens.prefill_calls
+        self.step_compute_ms = (tokens.compute_ms - tokens.prefill_compute_ms) / steps if steps > 0 else 0.0
+        self.n_prefill_calls = tokens.prefill_calls
+        prefills = max(tokens.prefill_calls, 1)
+        self.prefill_ms = tokens.prefill_compute_ms / prefills
+        self.prefill_tokens = tokens.prefill_tokens / prefills
         for key in ("graph_builds", "graph_reuses", "kv_capacity_tokens", "kv_bytes"):
             setattr(self, key, int(stats.get(key, 0)))
         self.peak_rss_mb = peak_rss_mb()

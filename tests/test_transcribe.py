@@ -148,6 +148,20 @@ def test_graphs_are_reused(device_runs, clips):
         assert timings.rtf > 0 and timings.encoder_ms > 0 and timings.compute_ms > 0
 
 
+def test_prefill_calls_are_timed_apart_from_the_steps(device_runs, clips):
+    for clip in clips:
+        t = device_runs[clip.path.name][1].timings
+        # one prefill per window attempt, each feeding at least the SOT token (tiny.en with timestamps: that
+        # alone; the previous text's prompt after the first window); a step feeds one token per beam (5 by default)
+        assert t.n_prefill_calls >= t.n_windows >= 1, clip.path.name
+        assert t.prefill_tokens >= 1, clip.path.name
+        steps = t.n_decode_calls - t.n_prefill_calls
+        assert steps <= round(t.n_tokens - t.n_prefill_calls * t.prefill_tokens) <= 5 * steps, clip.path.name
+        # the two parts add up to the mean over every call
+        assert t.step_compute_ms * steps + t.prefill_ms * t.n_prefill_calls == pytest.approx(
+            t.compute_ms * t.n_decode_calls, rel=1e-9), clip.path.name
+
+
 def test_graph_reuse_off_gives_identical_tokens(whisper_model, device_runs, clips):
     for clip in clips[:4]:
         segments, result = _run(whisper_model, clip.path, graph_reuse=False)
