@@ -8,11 +8,14 @@ clip k mod 17 (the dev clips but the raw PCM one), so every level transcribes th
 - throughput: seconds of audio answered per wall second, from the first request sent to the last answer;
 - latency p50 / p95: wall seconds from a request's send to its answer (upload on loopback included);
 - WER of the answers over the clips' references (concurrency must not change the text);
-- the server's RSS after the level (VmRSS of its process), and answers other than 200.
+- the server's RSS after the level (VmRSS of its process), and answers other than 200;
+- with a KV pool, the most pool bytes the streams held at once (`/metrics`), against what the same streams'
+  own arenas reserve (every stream its worst case: the model's 448 text positions, 1536 cells with 5 beams).
 
 Configurations are "/"-separated flags: `sN` (--max-streams N), `tM` (--threads M, per model: every stream's
 session uses M threads; without it, the server's default), `greedy` (--beam-size 1; else beam 5, the server's
-default), `batch` (--batch: the concurrent streams' decoder steps in one graph) and `pK` (K separate server
+default), `batch` (--batch: the concurrent streams' decoder steps in one graph), `kvM` (--kv-pool-mb M: the
+streams' self-attention K/V in one paged pool of M MiB) and `pK` (K separate server
 processes, each with the other flags, client j sending to process j mod K; RSS is their sum), e.g. `s1/t2`
 is one-at-a-time on 2 threads and `p2/s1/t1` two one-at-a-time processes of one thread each. Ratios are
 against the first configuration of the same decoding (greedy or beam 5) at the same client count; "mean batch" is streams per shared decoder step (`/metrics`). A peer row,
@@ -55,7 +58,7 @@ def free_port() -> int:
 
 def server_args(name: str) -> list[str]:
     """`aural serve` flags of a configuration name: "/"-separated sN (--max-streams N), tM (--threads M),
-    greedy (--beam-size 1), batch (--batch)."""
+    greedy (--beam-size 1), batch (--batch), kvM (--kv-pool-mb M)."""
     flags = {"greedy": ["--beam-size", "1"], "batch": ["--batch"]}
     args = []
     for part in name.split("/"):
@@ -63,6 +66,8 @@ def server_args(name: str) -> list[str]:
             continue  # processes(name)
         if part in flags:
             args += flags[part]
+        elif part[:2] == "kv" and part[2:].isdigit():
+            args += ["--kv-pool-mb", part[2:]]
         elif part[:1] in ("s", "t") and part[1:].isdigit():
             args += ["--max-streams" if part[0] == "s" else "--threads", part[1:]]
         else:
@@ -105,13 +110,17 @@ class ServerProcess:
                 return int(line.split()[1]) / 1024
         return 0.0
 
-    def mean_batch(self) -> float | None:
-        """Streams per shared decoder step since the last call (None without batching)."""
+    def metrics(self) -> dict[str, float]:
+        """The server's unlabelled /metrics values by name."""
         import httpx
 
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-                  if line.startswith(("aural_decode_shared_steps ", "aural_decode_stream_steps "))}
+        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("aural_") and len(line.split()) == 2}
+
+    def mean_batch(self) -> float | None:
+        """Streams per shared decoder step since the last call (None without batching)."""
+        values = self.metrics()
         steps, streams = values.get("aural_decode_shared_steps", 0.0), values.get("aural_decode_stream_steps", 0.0)
         last_steps, last_streams = self._counted
         self._counted = (steps, streams)
@@ -186,6 +195,9 @@ def run_config(name: str, clients: list[int], n_requests: int, clips: list) -> d
             level = run_level(urls, clips, c, max(n_requests, 2 * c))
             level["rss_mb"] = sum(server.rss_mb() for server in servers)
             level["mean_batch"] = servers[0].mean_batch() if len(servers) == 1 else None
+            metrics = servers[0].metrics()
+            level["kv_pool_peak_mib"] = metrics.get("aural_kv_pool_peak_bytes", 0.0) / 2**20  # since the start
+            level["kv_pool_reserved_mib"] = metrics.get("aural_kv_pool_reserved_bytes", 0.0) / 2**20
             levels.append(level)
             print(f"{name} clients {c}: {level['throughput']:.1f} audio s/s, p50 {level['latency_p50_s']:.2f} s, "
                   f"p95 {level['latency_p95_s']:.2f} s, WER {100 * level['wer']:.1f} %, RSS {level['rss_mb']:.0f} MiB",
@@ -272,7 +284,54 @@ def markdown(report: dict) -> str:
         "sending to server j mod K (RSS: their sum; else one server). Throughput is audio seconds answered per wall second, against the first configuration of the "
         "same decoding at the same client count; latency is each request's send-to-answer time; mean batch is "
         "streams per shared decoder step.", "",
-        md_table(_HEADER, rows), "", f"Machine: {_machine(report['machine'])}", ""])
+        md_table(_HEADER, rows), "", *kv_memory(report), f"Machine: {_machine(report['machine'])}", ""])
+
+
+def _max_streams(name: str) -> int:
+    return next((int(part[1:]) for part in name.split("/") if part[:1] == "s" and part[1:].isdigit()), 2)
+
+
+def arena_mib() -> dict[str, dict[str, float]]:
+    """MiB of one stream's own KV arena, self-attention and cross-attention, greedy and with 5 beams."""
+    from aural import _native
+    from aural.engine.models.store import resolve_model
+
+    model = _native.Model(str(resolve_model(None)), n_threads=1)
+    out = {}
+    for decoding, n_seq in (("greedy", 1), ("beam 5", 5)):
+        stats = _native.Context(model, n_seq=n_seq).stats
+        out[decoding] = {"self": stats["kv_bytes"] / 2**20, "cross": stats["cross_kv_bytes"] / 2**20}
+    return out
+
+
+def kv_memory(report: dict) -> list[str]:
+    """The KV pool section: the most pool memory the streams held against their own arenas' reservation."""
+    rows = []
+    for config in report["configs"]:
+        arena = report["arena_mib"][_decoding(config["name"])]
+        for lv in config["levels"]:
+            if not lv.get("kv_pool_reserved_mib"):
+                continue
+            streams = min(lv["clients"], _max_streams(config["name"]))
+            own_self, cross = streams * arena["self"], streams * arena["cross"]
+            rows.append((config["name"], lv["clients"], streams, fmt(lv["kv_pool_reserved_mib"], 1),
+                         fmt(lv["kv_pool_peak_mib"], 1), fmt(own_self, 1),
+                         f"{100 * lv['kv_pool_peak_mib'] / own_self:.0f} %",
+                         f"{100 * lv['kv_pool_reserved_mib'] / own_self:.0f} %",
+                         f"{100 * (lv['kv_pool_peak_mib'] + cross) / (own_self + cross):.0f} %"))
+    if not rows:
+        return []
+    return ["## KV memory: a shared paged pool against an arena per stream", "",
+            "kvM = --kv-pool-mb M: the streams' decoder self-attention K/V live in one pool of M MiB, in blocks of "
+            "32 tokens taken as a stream's text grows and given back when it ends. Streams = those running at "
+            "once (clients, at most --max-streams). Own arenas = what the same streams reserve without the pool, "
+            f"each its worst case ({report['arena_mib']['greedy']['self']:.1f} MiB greedy, "
+            f"{report['arena_mib']['beam 5']['self']:.1f} MiB with 5 beams). The pool's peak is the most it held "
+            "at once since the server started (the levels run from 1 client up). The cross-attention K/V "
+            f"({report['arena_mib']['greedy']['cross']:.1f} MiB a stream, one 30 s window) stay in each stream's "
+            "arena; the last column counts them on both sides.", "",
+            md_table(("configuration", "clients", "streams", "pool MiB", "pool peak MiB", "own arenas MiB (self)",
+                      "peak / own", "pool / own", "with cross K/V: peak / own"), rows), ""]
 
 
 def _machine(m: dict) -> str:
@@ -324,7 +383,7 @@ def main() -> None:
     else:
         clips = request_clips()
         clients = [int(c) for c in args.clients.split(",")]
-        report = {"model": "tiny.en", "machine": machine_info(), "requests": args.requests,
+        report = {"model": "tiny.en", "machine": machine_info(), "requests": args.requests, "arena_mib": arena_mib(),
                   "configs": [run_config(name, clients, args.requests, clips) for name in args.configs.split(",")]}
         report["peer"] = None if args.no_peer else run_peer(args.requests, args.peer_threads)
         out.with_suffix(".json").write_text(json.dumps(report, indent=1))

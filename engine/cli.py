@@ -773,6 +773,10 @@ def _add_serve(subparsers: Any) -> None:
     p.add_argument("--batch", action="store_true",
                    help="decode the steps concurrent streams take at the same time in one graph (the same text; "
                         "no faster on a 2-core CPU, see the README)")
+    p.add_argument("--kv-pool-mb", type=float, default=0.0, metavar="MB",
+                   help="share one pool of MB MiB per model among the streams' decoder KV (paged: memory follows "
+                        "the text they hold; a stream that finds it full gets 503) (default: 0 = each stream its "
+                        "own worst-case arena)")
     p.add_argument("-m", "--model", help="the default model (what 'whisper-1' means): name, .gguf, whisper.cpp .bin "
                    "or model directory (default: the bundled model)")
     p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
@@ -784,9 +788,10 @@ def _add_serve(subparsers: Any) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
         return _usage_error(args.parser, "serve needs FastAPI and uvicorn: pip install 'aural[serve]'")
-    if args.max_streams < 1 or args.max_queue < 0 or args.max_upload_mb < 1 or args.max_audio_s <= 0:
-        return _usage_error(args.parser, "need --max-streams >= 1, --max-queue >= 0, --max-upload-mb >= 1 and "
-                                         "--max-audio-s > 0")
+    if (args.max_streams < 1 or args.max_queue < 0 or args.max_upload_mb < 1 or args.max_audio_s <= 0
+            or args.kv_pool_mb < 0):
+        return _usage_error(args.parser, "need --max-streams >= 1, --max-queue >= 0, --max-upload-mb >= 1, "
+                                         "--max-audio-s > 0 and --kv-pool-mb >= 0")
     import uvicorn
 
     from .runtime import resolve_device
@@ -798,7 +803,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     config = ServeConfig(model=args.model, device=resolve_device(args.backend) if args.backend else "auto",
                          n_threads=args.threads, api_key=api_key, max_streams=args.max_streams,
                          max_queue=args.max_queue, max_upload_mib=args.max_upload_mb, max_audio_s=args.max_audio_s,
-                         beam_size=args.beam_size, batch=args.batch)
+                         beam_size=args.beam_size, batch=args.batch, kv_pool_mib=args.kv_pool_mb)
     app = create_app(config)
     # The default model loads before the port opens: a model that cannot load is one error line, not a
     # server that fails every request.

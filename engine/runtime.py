@@ -111,6 +111,8 @@ class WhisperModel:
             (tests play device faults there); False isolates none.
         batcher: when set (a `serve.batching.DecodeBatcher`), sessions opened in process from then on
             decode their steps together with the other sessions' (`batcher.wrap`); None: each on its own.
+        kv_pool: when set (`use_kv_pool`), the native `KVPool` whose blocks hold the self-attention K/V of
+            the device-mode sessions opened in process from then on; None: each session its own arena.
     """
 
     def __init__(self, path: str | Path, *, device: str = "auto", n_threads: int = 0, isolate: bool | None = None):
@@ -126,6 +128,7 @@ class WhisperModel:
         self.fallback: DeviceFallback | None = None
         self._moving = threading.Lock()  # sessions of several threads may lose the device at once
         self.batcher = None
+        self.kv_pool = None
         self.hparams = dict(self._model.hparams)
         self.alignment_heads = _alignment_heads(info, self.hparams)
         self.load_s = time.perf_counter() - start
@@ -149,6 +152,8 @@ class WhisperModel:
                 self._model = self._load_weights(CPU_DEVICE, isolate=False)
                 if self.batcher is not None:  # the shared steps follow the weights
                     self.batcher = self.batcher.for_model(self)
+                if self.kv_pool is not None:  # and so does the pool, on the weights' device
+                    self.kv_pool = _native().KVPool(self._model, n_blocks=self.kv_pool.n_blocks)
                 self.fallback = DeviceFallback(device, reason)
                 logger.warning("%s", self.fallback.message)
         assert self.fallback is not None, f"{device} failed under a session, but the model never ran on it"
@@ -178,6 +183,24 @@ class WhisperModel:
     def weights_bytes(self) -> int:
         return int(self._model.weights_bytes)
 
+    def use_kv_pool(self, mib: float) -> None:
+        """Sessions opened in process from then on keep their self-attention K/V in one pool of about `mib`
+        MiB on the model's device, in blocks of `KVPool.block_cells` tokens taken as their text grows and
+        given back when it ends (paged KV, native/kv-pool.h), instead of each reserving its worst case
+        (448 cells, more with beams). A session that finds the pool full fails its step with
+        ContextFullError. Not for models in a device process, whose sessions keep their own arenas."""
+        if self.isolated:
+            raise ValueError("a KV pool serves sessions in this process; this model runs in a device process")
+        native = _native()
+        block_bytes = 2 * self.hparams["n_text_layer"] * native.KVPool.block_cells * self.hparams["n_text_state"] * 2
+        n_blocks = int(mib * 2**20 // block_bytes)
+        if n_blocks < 1:
+            raise ValueError(f"a KV pool of {mib} MiB holds no block of {block_bytes / 2**20:.2f} MiB")
+        try:
+            self.kv_pool = native.KVPool(self._model, n_blocks=n_blocks)
+        except _NATIVE_LOAD_ERRORS as exc:
+            raise ModelError(f"Cannot reserve a KV pool of {mib} MiB on {self.device}: {exc}") from exc
+
     def new_session(self, *, kv_mode: str = "device", graph_reuse: bool = True, n_seq: int = 1):
         """A fresh native `Context` on this model: one per concurrent transcription. `n_seq` is the
         most sequences decoded side by side (beam size or best-of, at most 8)."""
@@ -189,6 +212,8 @@ class WhisperModel:
         try:
             if self.isolated:
                 return self._model.new_context(**params)
+            if self.kv_pool is not None and kv_mode == "device":
+                params["kv_pool"] = self.kv_pool
             ctx = _native().Context(self._model, **params)
             return ctx if self.batcher is None else self.batcher.wrap(ctx)
         except _NATIVE_LOAD_ERRORS as exc:

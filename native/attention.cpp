@@ -450,12 +450,14 @@ AURAL_INLINE float dot64(const float * q, const ggml_fp16_t * k) {
 }
 
 // Thread ith of nth: tasks are (query row, head), dealt round-robin. src: q [n_state, n_q] f32, k and v
-// [64, n_ctx, n_head] f16 views, mask [n_ctx, >= n_q] f16 (0 visible, -inf not).
+// [64, n_rows, n_head] f16 views, mask [n_ctx, >= n_q] f16 (0 visible, -inf not), and for a paged arena
+// rows [n_ctx] i32, the K/V row of each cell (else cell c is row c).
 template <class O>
 inline void self_attend(ggml_tensor * dst, int n_head, int ith, int nth) {
     constexpr int W = O::W, n_vec = cross_head_dim / W;
     const ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * mask = dst->src[3];
-    const int64_t n_state = q->ne[0], n_q = q->ne[1], n_ctx = k->ne[1];
+    const int32_t * rows = dst->src[4] ? static_cast<const int32_t *>(dst->src[4]->data) : nullptr;
+    const int64_t n_state = q->ne[0], n_q = q->ne[1], n_ctx = mask->ne[0];
     const float scale = 1.0f / std::sqrt(static_cast<float>(cross_head_dim));
     thread_local std::vector<float> w;  // ggml's worker threads persist: allocated once per thread
     thread_local std::vector<int64_t> cells;
@@ -471,8 +473,9 @@ inline void self_attend(ggml_tensor * dst, int n_head, int ith, int nth) {
         for (int64_t c = 0; c < n_ctx; ++c) {
             const float mc = O::scalar(m[c]);
             if (mc == -INFINITY) continue;
-            w[n] = dot64<O>(qr, reinterpret_cast<const ggml_fp16_t *>(kh + c * k->nb[1])) * scale + mc;
-            cells[n++] = c;
+            const int64_t row = rows ? rows[c] : c;
+            w[n] = dot64<O>(qr, reinterpret_cast<const ggml_fp16_t *>(kh + row * k->nb[1])) * scale + mc;
+            cells[n++] = row;
         }
         typename O::V acc[n_vec];
         for (int i = 0; i < n_vec; ++i) acc[i] = O::zero();
@@ -547,20 +550,22 @@ ggml_tensor * decoder_cross_attention(ggml_context * ctx, ggml_tensor * q, ggml_
 }
 
 ggml_tensor * decoder_self_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                     ggml_tensor * mask, int n_head) {
+                                     ggml_tensor * mask, int n_head, ggml_tensor * rows) {
     const int64_t n_state = q->ne[0], n_q = q->ne[1];
     const bool typed = q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F16 && v->type == GGML_TYPE_F16 &&
                        mask->type == GGML_TYPE_F16;
     const bool shaped = n_state == n_head * cross_head_dim && ggml_are_same_shape(k, v) &&
                         k->ne[0] == cross_head_dim && k->ne[2] == n_head && k->nb[0] == sizeof(ggml_fp16_t) &&
-                        v->nb[0] == sizeof(ggml_fp16_t) && mask->ne[0] == k->ne[1] && mask->ne[1] >= n_q;
+                        v->nb[0] == sizeof(ggml_fp16_t) && mask->ne[1] >= n_q &&
+                        (rows ? rows->type == GGML_TYPE_I32 && rows->ne[0] == mask->ne[0] : mask->ne[0] == k->ne[1]);
     if (!cross_attention_available() || !typed || !shaped) {
         throw std::invalid_argument("decoder_self_attention: needs AVX2 (F16C) or AVX-512, f32 q [n_state, n_q], "
-                                    "f16 k and v [64, n_ctx, n_head] and an f16 mask [n_ctx, >= n_q]");
+                                    "f16 k and v [64, n_rows, n_head], an f16 mask [n_ctx, >= n_q] and, unless "
+                                    "n_rows == n_ctx, i32 rows [n_ctx]");
     }
-    ggml_tensor * args[] = {ggml_is_contiguous(q) ? q : ggml_cont(ctx, q), k, v, mask};
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, n_state, n_q, 1, 1, args, 4, self_attention_op, GGML_N_TASKS_MAX,
-                          reinterpret_cast<void *>(static_cast<intptr_t>(n_head)));
+    ggml_tensor * args[] = {ggml_is_contiguous(q) ? q : ggml_cont(ctx, q), k, v, mask, rows};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, n_state, n_q, 1, 1, args, rows ? 5 : 4, self_attention_op,
+                          GGML_N_TASKS_MAX, reinterpret_cast<void *>(static_cast<intptr_t>(n_head)));
 }
 
 #else  // not x86-64 with GCC or Clang: the graph keeps ggml_flash_attn_ext
@@ -577,7 +582,8 @@ ggml_tensor * decoder_cross_attention(ggml_context *, ggml_tensor *, ggml_tensor
     throw std::invalid_argument("decoder_cross_attention: not built for this CPU");
 }
 
-ggml_tensor * decoder_self_attention(ggml_context *, ggml_tensor *, ggml_tensor *, ggml_tensor *, ggml_tensor *, int) {
+ggml_tensor * decoder_self_attention(ggml_context *, ggml_tensor *, ggml_tensor *, ggml_tensor *, ggml_tensor *, int,
+                                     ggml_tensor *) {
     throw std::invalid_argument("decoder_self_attention: not built for this CPU");
 }
 

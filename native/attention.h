@@ -46,12 +46,14 @@ ggml_tensor * decoder_cross_attention(ggml_context * ctx, ggml_tensor * q, ggml_
 //
 //   out = decoder_self_attention(ctx, q, k, v, mask, n_head);  // q [n_state, n_q] f32 -> out like q
 //   // k, v [64, n_ctx, n_head] f16; mask [n_ctx, >= n_q] f16
+//   out = decoder_self_attention(ctx, q, k, v, mask, n_head, rows);  // a paged arena (kv-pool.h):
+//   // k, v [64, n_pool_rows, n_head] f16 over the pool; rows [n_ctx] i32, the row of each cell
 //
 // Why: ggml-cpu's flash attention costs ~100 ns per visible cell and head (an f16 dot call, an online-softmax
 // rescale and V accumulated in f16, per cell): 0.8 ms of a 3.5 ms greedy step once a 224-token prompt is in
 // the arena (tiny.en, Zen 2). Here a row's visible cells are scored, softmaxed in f32 and summed from V in
 // registers. A row that sees no cell gets zeros.
 ggml_tensor * decoder_self_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                     ggml_tensor * mask, int n_head);
+                                     ggml_tensor * mask, int n_head, ggml_tensor * rows = nullptr);
 
 }  // namespace aural

@@ -37,7 +37,7 @@ context::context(const model & m, const context_params & p) : mdl(m), params(p) 
                                     std::to_string(p.n_seq));
     }
     ubatch_ = std::min(p.max_ubatch > 0 ? p.max_ubatch : decoder_ubatch_limit(m.dev), m.hp.n_text_ctx);
-    kv_ = std::make_unique<kv_cache>(m.dev, m.hp, arena_cells(m.hp, p.n_seq), p.n_seq, GGML_TYPE_F16);
+    kv_ = std::make_unique<kv_cache>(m.dev, m.hp, arena_cells(m.hp, p.n_seq), p.n_seq, GGML_TYPE_F16, p.pool);
     if (p.mode == kv_mode::host) {
         kv_->enable_host_mirror();
     }

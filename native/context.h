@@ -38,6 +38,8 @@ struct context_params {
     uint32_t n_seq = 1;       // sequences decoded side by side (beam size, best-of); at most 8
     uint32_t max_ubatch = 0;  // most tokens per decoder graph, longer batches go in pieces; 0 = the
                               // device's limit (decoder_ubatch_limit in backend.h)
+    std::shared_ptr<kv_pool> pool;  // device mode: the self K/V in this pool's blocks (kv-pool.h); of the
+                                    // context's model and device
 };
 
 using clock_type = std::chrono::steady_clock;

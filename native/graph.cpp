@@ -85,6 +85,22 @@ class mask_input : public graph_input {
     size_t j_;
 };
 
+// A paged arena's K/V row of every cell (i32 [n_ctx], kv_cache::rows): the block table of this step.
+class rows_input : public graph_input {
+  public:
+    rows_input(ggml_tensor * t, const kv_cache * kv) : t_(t), kv_(kv), rows_(static_cast<size_t>(t->ne[0])) {}
+    void set_input(const decode_batch &) override {
+        kv_->rows(rows_.data());
+        ggml_backend_tensor_set(t_, rows_.data(), 0, ggml_nbytes(t_));
+    }
+    bool can_reuse(const decode_params &) const override { return true; }  // one arena's, fixed length
+
+  private:
+    ggml_tensor * t_;
+    const kv_cache * kv_;
+    std::vector<int32_t> rows_;
+};
+
 // Which batch rows reach the vocabulary projection (usually the last; the SOT row for no-speech).
 class outputs_input : public graph_input {
   public:
@@ -351,6 +367,7 @@ struct part_inputs {
     decode_part part;
     int64_t begin;
     ggml_tensor * cells, * mask;
+    ggml_tensor * rows;  // paged arenas only, else nullptr
 };
 
 std::unique_ptr<graph_result> decoder_graph(const model & m, const std::vector<decode_part> & parts,
@@ -380,7 +397,12 @@ std::unique_ptr<graph_result> decoder_graph(const model & m, const std::vector<d
         ggml_tensor * mask = input(GGML_TYPE_F16, part.kv->n_ctx(), part.n_tokens, "kq_mask");
         res->inputs.push_back(std::make_unique<cells_input>(cells, j));
         res->inputs.push_back(std::make_unique<mask_input>(mask, j));
-        in.push_back({part, begin, cells, mask});
+        ggml_tensor * rows = nullptr;
+        if (part.kv->paged()) {
+            rows = input(GGML_TYPE_I32, part.kv->n_ctx(), 0, "kv_rows");
+            res->inputs.push_back(std::make_unique<rows_input>(rows, part.kv));
+        }
+        in.push_back({part, begin, cells, mask, rows});
         begin += part.n_tokens;
     }
 
@@ -397,10 +419,16 @@ std::unique_ptr<graph_result> decoder_graph(const model & m, const std::vector<d
             // Write this step's K/V rows in place before the attention reads the arena (graph order).
             ggml_build_forward_expand(res->gf, pi.part.kv->cpy_k(ctx, columns(ctx, k_cur, pi.begin, pi.part.n_tokens), pi.cells, il));
             ggml_build_forward_expand(res->gf, pi.part.kv->cpy_v(ctx, columns(ctx, v_cur, pi.begin, pi.part.n_tokens), pi.cells, il));
-            ggml_tensor * k = pi.part.kv->get_k(ctx, il), * v = pi.part.kv->get_v(ctx, il), * qj = columns(ctx, q, pi.begin, pi.part.n_tokens);
+            const kv_cache & kv = *pi.part.kv;
+            ggml_tensor * k = kv.get_k(ctx, il), * v = kv.get_v(ctx, il), * qj = columns(ctx, q, pi.begin, pi.part.n_tokens);
             const bool own_op = m.simd_self && k->type == GGML_TYPE_F16 && pi.part.n_tokens <= self_attention_max_rows;
-            outs.push_back(own_op ? decoder_self_attention(ctx, qj, k, v, pi.mask, n_head)
-                                  : attention(ctx, qj, k, v, pi.mask, n_head));
+            if (own_op) {  // reads a paged arena's rows in place
+                outs.push_back(decoder_self_attention(ctx, qj, k, v, pi.mask, n_head, pi.rows));
+            } else if (pi.rows) {
+                outs.push_back(attention(ctx, qj, kv.gather_k(ctx, il, pi.rows), kv.gather_v(ctx, il, pi.rows), pi.mask, n_head));
+            } else {
+                outs.push_back(attention(ctx, qj, k, v, pi.mask, n_head));
+            }
         }
         x = ggml_add(ctx, x, linear(ctx, m, join(ctx, outs), l.attn.o_w, l.attn.o_b));
 

@@ -5,6 +5,7 @@
 #include <climits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "log.h"
 
@@ -14,22 +15,33 @@ namespace {
 std::atomic<uint64_t> next_id{1};
 }  // namespace
 
-kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, uint32_t n_seq, ggml_type type)
-    : id_(next_id++), n_ctx_(n_ctx), n_seq_(n_seq), n_state_(hp.n_text_state), n_head_(hp.n_text_head), n_audio_ctx_(hp.n_audio_ctx) {
+kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, uint32_t n_seq, ggml_type type,
+                   std::shared_ptr<kv_pool> pool)
+    : id_(next_id++), n_ctx_(n_ctx), n_seq_(n_seq), n_state_(hp.n_text_state), n_head_(hp.n_text_head),
+      n_audio_ctx_(hp.n_audio_ctx), pool_(std::move(pool)) {
     if (n_seq < 1 || n_seq > 32) {  // a cell's sequence set is a 32-bit mask
         throw std::invalid_argument("a KV arena holds 1 to 32 sequences, not " + std::to_string(n_seq));
+    }
+    if (pool_) {
+        if (n_ctx % kv_pool::block_cells != 0 || pool_->k(0)->ne[0] != n_state_ || pool_->k(0)->type != type) {
+            throw std::invalid_argument("a paged KV arena needs a pool of its model and type, and a multiple of " +
+                                        std::to_string(kv_pool::block_cells) + " cells");
+        }
+        table_.assign(n_ctx / kv_pool::block_cells, -1);
     }
     const uint32_t n_layer = hp.n_text_layer;
     ggml_init_params params = {/*.mem_size =*/ 4 * n_layer * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
                                /*.no_alloc =*/ true};
     ctx_ = ggml_init(params);
     for (uint32_t il = 0; il < n_layer; ++il) {
-        k_.push_back(ggml_new_tensor_2d(ctx_, type, n_state_, n_ctx));
-        v_.push_back(ggml_new_tensor_2d(ctx_, type, n_state_, n_ctx));
+        if (!pool_) {
+            k_.push_back(ggml_new_tensor_2d(ctx_, type, n_state_, n_ctx));
+            v_.push_back(ggml_new_tensor_2d(ctx_, type, n_state_, n_ctx));
+            ggml_format_name(k_.back(), "kv.k.%u", il);
+            ggml_format_name(v_.back(), "kv.v.%u", il);
+        }
         ck_.push_back(ggml_new_tensor_2d(ctx_, type, n_state_, n_audio_ctx_));
         cv_.push_back(ggml_new_tensor_2d(ctx_, type, n_state_, n_audio_ctx_));
-        ggml_format_name(k_.back(), "kv.k.%u", il);
-        ggml_format_name(v_.back(), "kv.v.%u", il);
         ggml_format_name(ck_.back(), "kv.cross_k.%u", il);
         ggml_format_name(cv_.back(), "kv.cross_v.%u", il);
     }
@@ -39,13 +51,21 @@ kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, u
         throw std::runtime_error("cannot allocate the KV arena on " + std::string(ggml_backend_dev_name(dev)));
     }
     clear();
-    AURAL_LOG_INFO("KV arena on %s: self %.2f MiB (%u cells x %u layers, %u sequences), cross %.2f MiB",
-                   ggml_backend_dev_name(dev), self_bytes() / 1048576.0, n_ctx, n_layer, n_seq, cross_bytes() / 1048576.0);
+    AURAL_LOG_INFO("KV arena on %s: self %.2f MiB%s (%u cells x %u layers, %u sequences), cross %.2f MiB",
+                   ggml_backend_dev_name(dev), self_bytes() / 1048576.0, pool_ ? " held in the pool" : "", n_ctx,
+                   n_layer, n_seq, cross_bytes() / 1048576.0);
 }
 
 kv_cache::~kv_cache() {
+    for (int32_t b : table_) {
+        if (b >= 0) pool_->release(b);
+    }
     ggml_backend_buffer_free(buffer_);
     ggml_free(ctx_);
+}
+
+ggml_tensor * kv_cache::self_tensor(const std::vector<ggml_tensor *> & own, bool is_k, int il) const {
+    return pool_ ? (is_k ? pool_->k(il) : pool_->v(il)) : own[il];
 }
 
 ggml_tensor * kv_cache::heads_view(ggml_context * ctx, ggml_tensor * t, int64_t n_rows) const {
@@ -56,8 +76,23 @@ ggml_tensor * kv_cache::heads_view(ggml_context * ctx, ggml_tensor * t, int64_t 
     return ggml_permute(ctx, v, 0, 2, 1, 3);
 }
 
-ggml_tensor * kv_cache::get_k(ggml_context * ctx, int il) const { return heads_view(ctx, k_[il], n_ctx_); }
-ggml_tensor * kv_cache::get_v(ggml_context * ctx, int il) const { return heads_view(ctx, v_[il], n_ctx_); }
+ggml_tensor * kv_cache::get_k(ggml_context * ctx, int il) const {
+    ggml_tensor * t = self_tensor(k_, true, il);
+    return heads_view(ctx, t, t->ne[1]);
+}
+ggml_tensor * kv_cache::get_v(ggml_context * ctx, int il) const {
+    ggml_tensor * t = self_tensor(v_, false, il);
+    return heads_view(ctx, t, t->ne[1]);
+}
+ggml_tensor * kv_cache::gather_k(ggml_context * ctx, int il, ggml_tensor * rows) const {
+    // get_rows gives f32 [n_state, n_ctx]; the attention paths that take it want the arena's f16
+    ggml_tensor * t = self_tensor(k_, true, il);
+    return heads_view(ctx, ggml_cast(ctx, ggml_get_rows(ctx, t, rows), t->type), n_ctx_);
+}
+ggml_tensor * kv_cache::gather_v(ggml_context * ctx, int il, ggml_tensor * rows) const {
+    ggml_tensor * t = self_tensor(v_, false, il);
+    return heads_view(ctx, ggml_cast(ctx, ggml_get_rows(ctx, t, rows), t->type), n_ctx_);
+}
 ggml_tensor * kv_cache::get_cross_k(ggml_context * ctx, int il, uint32_t n_rows) const {
     return heads_view(ctx, ck_[il], n_rows);
 }
@@ -69,10 +104,10 @@ ggml_tensor * kv_cache::get_cross_v(ggml_context * ctx, int il, uint32_t n_rows)
 }
 
 ggml_tensor * kv_cache::cpy_k(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const {
-    return ggml_set_rows(ctx, k_[il], cur, idxs);
+    return ggml_set_rows(ctx, self_tensor(k_, true, il), cur, idxs);
 }
 ggml_tensor * kv_cache::cpy_v(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const {
-    return ggml_set_rows(ctx, v_[il], cur, idxs);
+    return ggml_set_rows(ctx, self_tensor(v_, false, il), cur, idxs);
 }
 ggml_tensor * kv_cache::cpy_cross_k(ggml_context * ctx, ggml_tensor * cur, int il) const {
     return ggml_cpy(ctx, cur, ggml_view_2d(ctx, ck_[il], n_state_, cur->ne[1], ck_[il]->nb[1], 0));
@@ -102,6 +137,51 @@ std::vector<int64_t> kv_cache::apply(const kv_update & u) {
 void kv_cache::forget_self() {
     cells_.pos.assign(n_ctx_, -1);
     cells_.seqs.assign(n_ctx_, 0);
+    give_back_free_blocks();
+}
+
+int64_t kv_cache::row_of(uint32_t cell) const {
+    if (!pool_) return cell;
+    const int32_t b = table_[cell / kv_pool::block_cells];
+    return b < 0 ? 0 : static_cast<int64_t>(b) * kv_pool::block_cells + cell % kv_pool::block_cells;
+}
+
+void kv_cache::rows(int32_t * out) const {
+    for (uint32_t c = 0; c < n_ctx_; ++c) out[c] = static_cast<int32_t>(row_of(c));
+}
+
+uint32_t kv_cache::blocks_held() const {
+    return static_cast<uint32_t>(std::count_if(table_.begin(), table_.end(), [](int32_t b) { return b >= 0; }));
+}
+
+void kv_cache::take_blocks(const std::vector<int64_t> & cells) {
+    std::vector<size_t> taken;
+    try {
+        for (int64_t c : cells) {
+            const size_t t = static_cast<size_t>(c) / kv_pool::block_cells;
+            if (table_[t] < 0) {
+                table_[t] = pool_->acquire();
+                taken.push_back(t);
+            }
+        }
+    } catch (...) {
+        for (size_t t : taken) {
+            pool_->release(table_[t]);
+            table_[t] = -1;
+        }
+        throw;
+    }
+}
+
+void kv_cache::give_back_free_blocks() {
+    for (size_t t = 0; t < table_.size(); ++t) {
+        if (table_[t] < 0) continue;
+        const auto first = cells_.seqs.begin() + t * kv_pool::block_cells;
+        if (std::all_of(first, first + kv_pool::block_cells, [](uint32_t m) { return m == 0; })) {
+            pool_->release(table_[t]);
+            table_[t] = -1;
+        }
+    }
 }
 
 std::vector<int64_t> kv_cache::append(const std::vector<int32_t> & pos, const std::vector<int32_t> & seq) {
@@ -127,6 +207,7 @@ std::vector<int64_t> kv_cache::append(const std::vector<int32_t> & pos, const st
         }
         if (cells_.seqs[c] == 0) cells_.pos[c] = -1;
     }
+    give_back_free_blocks();
     for (uint32_t s = 0; s < n_seq_; ++s) {
         if (first[s] != INT32_MAX && kept[s] != first[s]) {
             throw std::invalid_argument("n_past " + std::to_string(first[s]) + " is beyond the " +
@@ -142,9 +223,11 @@ std::vector<int64_t> kv_cache::append(const std::vector<int32_t> & pos, const st
         throw std::length_error("KV arena full: " + std::to_string(used()) + " + " + std::to_string(pos.size()) +
                                 " tokens exceed its " + std::to_string(n_ctx_) + " cells");
     }
+    if (pool_) take_blocks(out);
     for (size_t i = 0; i < pos.size(); ++i) {
         cells_.pos[out[i]] = pos[i];
         cells_.seqs[out[i]] = 1u << seq[i];
+        out[i] = row_of(static_cast<uint32_t>(out[i]));
     }
     return out;
 }
@@ -167,6 +250,7 @@ void kv_cache::reorder(const std::vector<int32_t> & parents) {
         cells_.seqs[c] = next;
         if (next == 0) cells_.pos[c] = -1;
     }
+    give_back_free_blocks();
 }
 
 uint32_t kv_cache::used() const {
@@ -192,6 +276,7 @@ void kv_cache::clear() {
 }
 
 size_t kv_cache::self_bytes() const {
+    if (pool_) return blocks_held() * pool_->block_bytes();
     size_t n = 0;
     for (size_t il = 0; il < k_.size(); ++il) {
         n += ggml_nbytes(k_[il]) + ggml_nbytes(v_[il]);
@@ -208,6 +293,9 @@ size_t kv_cache::cross_bytes() const {
 }
 
 void kv_cache::enable_host_mirror() {
+    if (pool_) {
+        throw std::invalid_argument("the host KV mode keeps its own arena: it does not take a KV pool");
+    }
     auto make = [](const std::vector<ggml_tensor *> & ts, std::vector<std::vector<uint8_t>> & out) {
         out.clear();
         for (ggml_tensor * t : ts) {

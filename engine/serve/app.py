@@ -82,6 +82,9 @@ class ServeConfig:
             shared products are a small part of a request there; a GPU, where one graph per step is what
             costs, is where it is meant to pay, but models in a device process (`isolation`, every GPU by
             default) decode each stream alone so far.
+        kv_pool_mib: when above 0, the streams' decoder self-attention K/V share one pool of this many MiB
+            per model (`WhisperModel.use_kv_pool`): memory follows the text the streams hold instead of each
+            stream's worst case; a stream that finds it full fails with 503. 0: each stream its own arena.
     """
 
     model: str | None = None
@@ -94,6 +97,7 @@ class ServeConfig:
     max_audio_s: float = 4 * 3600.0
     beam_size: int = 5
     batch: bool = False
+    kv_pool_mib: float = 0.0
 
 
 class ApiError(Exception):
@@ -147,6 +151,8 @@ def _loader(config: ServeConfig) -> Callable[[str | None], WhisperModel]:
         model = load_model(resolve_model(spec), device=config.device, n_threads=_threads(config))
         if config.batch and not model.isolated:
             model.batcher = DecodeBatcher(model)
+        if config.kv_pool_mib > 0 and not model.isolated:
+            model.use_kv_pool(config.kv_pool_mib)
         return model
 
     return load
@@ -392,6 +398,20 @@ async def _run_cancellable(request: Request, state: _State, model_name: str, pat
 
 def _transcribe_file(registry: ModelRegistry, model_name: str, path: str, options: TranscribeOptions,
                      stop: StopEvent, diarize: bool = False) -> Finished:
+    from aural import _native
+
+    try:
+        return _transcribe_and_label(registry, model_name, path, options, stop, diarize)
+    except _native.ContextFullError as exc:  # the streams' shared KV pool (--kv-pool-mb) has no free block
+        full = str(exc)
+    # Raised outside the handler, the answer keeps no traceback: the session that found the pool full, and the
+    # blocks it holds, go now rather than at the next garbage collection.
+    raise ApiError(503, f"{full}: the server is at its KV memory limit; retry later (aural serve --kv-pool-mb)",
+                   kind="server_error")
+
+
+def _transcribe_and_label(registry: ModelRegistry, model_name: str, path: str, options: TranscribeOptions,
+                          stop: StopEvent, diarize: bool) -> Finished:
     model = registry.get(model_name)
     if options.task == "translate" and not model.multilingual:
         raise ApiError(400, f"{model.name} is English-only and cannot translate; ask for a multilingual model.",

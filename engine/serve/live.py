@@ -104,9 +104,14 @@ async def _stream(ws: WebSocket, registry: ModelRegistry, options: StreamOptions
     source, stop, events = PushSource(buffer_s=_BUFFER_S), threading.Event(), asyncio.Queue()
 
     def produce() -> None:
+        from aural import _native
+
         try:
             for event in live_events(model, source, options, stop=stop):
                 loop.call_soon_threadsafe(events.put_nowait, event)
+        except _native.ContextFullError as exc:  # the streams' shared KV pool (--kv-pool-mb) has no free block
+            full = Error(f"{exc}: the server is at its KV memory limit; retry later (aural serve --kv-pool-mb)")
+            loop.call_soon_threadsafe(events.put_nowait, full)
         finally:
             loop.call_soon_threadsafe(events.put_nowait, _END)
 

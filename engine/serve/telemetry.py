@@ -1,5 +1,6 @@
 """The server's Prometheus metrics (`GET /metrics`), on prometheus-client: requests, audio seconds,
-processing time and real-time factor, the queue, running streams and the live streams' KV arenas.
+processing time and real-time factor, the queue, running streams, the live streams' KV arenas and the
+shared KV pools.
 
 Each server has a registry of its own, so tests may run several in one process.
 """
@@ -52,6 +53,15 @@ class ServerMetrics:
               registry=r).set_function(lambda: sum(b.steps for b in batchers()))
         Gauge("aural_decode_stream_steps", "Streams' decoder steps those graphs held (their ratio: the mean batch)",
               registry=r).set_function(lambda: sum(b.stream_steps for b in batchers()))
+
+        # The shared KV pools (--kv-pool-mb): blocks held by the streams against blocks reserved.
+        pools = lambda: [m.kv_pool for m in models.loaded() if m.kv_pool is not None]  # noqa: E731
+        Gauge("aural_kv_pool_used_bytes", "Bytes of the KV pools' blocks the streams hold now",
+              registry=r).set_function(lambda: sum(p.used_blocks * p.block_bytes for p in pools()))
+        Gauge("aural_kv_pool_peak_bytes", "The most bytes of the KV pools' blocks held at once",
+              registry=r).set_function(lambda: sum(p.peak_blocks * p.block_bytes for p in pools()))
+        Gauge("aural_kv_pool_reserved_bytes", "Bytes the KV pools reserve (--kv-pool-mb)",
+              registry=r).set_function(lambda: sum(p.bytes for p in pools()))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

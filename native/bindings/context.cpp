@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -24,8 +25,9 @@ using float_array = py::array_t<float, py::array::c_style | py::array::forcecast
 using int_array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 std::unique_ptr<context> make_context(const model & m, const std::string & kv_mode, bool graph_reuse, int n_threads,
-                                      uint32_t n_seq, uint32_t max_ubatch) {
+                                      uint32_t n_seq, uint32_t max_ubatch, std::shared_ptr<kv_pool> pool) {
     context_params p;
+    p.pool = std::move(pool);
     p.mode = parse_kv_mode(kv_mode);
     p.graph_reuse = graph_reuse;
     p.n_threads = n_threads;
@@ -185,6 +187,7 @@ py::dict stats_dict(const context & self) {
     d["kv_cells"] = self.kv().n_ctx();
     d["kv_used_tokens"] = self.kv().used();
     d["kv_bytes"] = self.kv().self_bytes();
+    d["kv_pool_blocks"] = self.kv().blocks_held();
     d["cross_kv_bytes"] = self.kv().cross_bytes();
     d["compute_buffer_bytes"] = self.compute_buffer_bytes();
     d["ubatch"] = self.ubatch();
@@ -202,14 +205,31 @@ py::dict report_dict(const backend_report & r) {
 
 }  // namespace
 
+std::shared_ptr<kv_pool> make_pool(const model & m, uint32_t n_blocks) {
+    py::gil_scoped_release release;
+    return std::make_shared<kv_pool>(m.dev, m.hp, n_blocks, GGML_TYPE_F16);
+}
+
 void register_context(py::module_ & m) {
+    py::class_<kv_pool, std::shared_ptr<kv_pool>>(m, "KVPool",
+        "Self-attention KV blocks on the model's device, shared by the Contexts given it (paged KV).")
+        .def(py::init(&make_pool), py::arg("model"), py::kw_only(), py::arg("n_blocks"),
+             "Reserves n_blocks blocks of block_cells cells (K and V of every decoder layer) at once.")
+        .def_property_readonly_static("block_cells", [](py::object) { return kv_pool::block_cells; })
+        .def_property_readonly("n_blocks", &kv_pool::n_blocks)
+        .def_property_readonly("used_blocks", &kv_pool::used_blocks)
+        .def_property_readonly("peak_blocks", &kv_pool::peak_blocks)
+        .def_property_readonly("block_bytes", &kv_pool::block_bytes)
+        .def_property_readonly("bytes", &kv_pool::bytes);
     py::class_<context>(m, "Context", "One transcription session: KV arena on the device, graphs, timings.")
         .def(py::init(&make_context), py::arg("model"), py::kw_only(), py::arg("kv_mode") = "device",
              py::arg("graph_reuse") = true, py::arg("n_threads") = 0, py::arg("n_seq") = 1,
-             py::arg("max_ubatch") = 0, py::keep_alive<1, 2>(),
+             py::arg("max_ubatch") = 0, py::arg("kv_pool") = nullptr, py::keep_alive<1, 2>(),
              "kv_mode 'device' keeps the KV history on the device; 'host' is the round-trip baseline. n_seq "
              "sequences (beams, best-of samples, at most 8) can be decoded side by side. A batch longer than "
-             "max_ubatch tokens (0: the device's limit, stats['ubatch']) is decoded in pieces.")
+             "max_ubatch tokens (0: the device's limit, stats['ubatch']) is decoded in pieces. With kv_pool "
+             "(device mode, a KVPool of this model) the self-attention K/V take the pool's blocks as the text "
+             "grows and give them back as it ends; a full pool raises ContextFullError.")
         .def("encode", &encode, py::arg("mel"),
              "Encode one window: mel float32 (n_mels, n_frames), n_frames even and <= 3000 (30 s); fewer "
              "frames encode a shorter audio context. Computes the cross K/V on the device.")
