@@ -201,14 +201,18 @@ class WhisperModel:
         except _NATIVE_LOAD_ERRORS as exc:
             raise ModelError(f"Cannot reserve a KV pool of {mib} MiB on {self.device}: {exc}") from exc
 
-    def new_session(self, *, kv_mode: str = "device", graph_reuse: bool = True, n_seq: int = 1):
+    def new_session(self, *, kv_mode: str = "device", graph_reuse: bool = True, n_seq: int = 1,
+                    max_audio_ctx: int = 0):
         """A fresh native `Context` on this model: one per concurrent transcription. `n_seq` is the
-        most sequences decoded side by side (beam size or best-of, at most 8)."""
+        most sequences decoded side by side (beam size or best-of, at most 8); `max_audio_ctx` the most
+        encoder positions a window may have (0: the model's, a 30 s window), for which the session reserves
+        its cross-attention K/V and compute buffers."""
         if kv_mode not in ("device", "host"):
             raise ValueError(f"kv_mode must be 'device' or 'host', not {kv_mode!r}")
         if not 1 <= n_seq <= MAX_SEQUENCES:
             raise ValueError(f"n_seq must be between 1 and {MAX_SEQUENCES}, not {n_seq}")
-        params = dict(kv_mode=kv_mode, graph_reuse=graph_reuse, n_threads=self.n_threads, n_seq=n_seq)
+        params = dict(kv_mode=kv_mode, graph_reuse=graph_reuse, n_threads=self.n_threads, n_seq=n_seq,
+                      max_audio_ctx=max_audio_ctx)
         try:
             if self.isolated:
                 return self._model.new_context(**params)
@@ -353,6 +357,17 @@ class FallbackSession:
 
     def _can_fall_back(self) -> bool:
         return self.device != CPU_DEVICE or self.isolated
+
+    def fit(self, n_frames: int) -> None:
+        """Makes room for a window of `n_frames` mel frames: a session opened for a shorter recording (its
+        `max_audio_ctx`, from the length the file's header gave) is replaced by one for whole windows.
+        Call it before encoding a window: a new session holds no encoder output or text."""
+        cap = self._session.get("max_audio_ctx", 0)
+        if cap and n_frames // 2 > cap:
+            logger.info("a window of %d mel frames is longer than the %d this session was opened for; "
+                        "reopening it for whole windows", n_frames, 2 * cap)
+            self._session["max_audio_ctx"] = 0
+            self.ctx = self.model.new_session(**self._session)
 
     def run(self, work: Callable[[], _T], undo: Callable[[], None] | None = None) -> _T:
         try:

@@ -73,6 +73,17 @@ AUDIO_CTX_MIN_S = 15.0
 AUDIO_CTX_BUCKET_S = 1.0
 
 
+def _audio_ctx_for(duration_s: float | None, audio_ctx: str) -> int:
+    """The encoder positions a recording of `duration_s` (from its header, or exact for samples) needs in a
+    window, with half a second to spare; 0 (whole windows) when it fills one or its length is unknown. A
+    session opened for it reserves that much cross K/V and encoder buffer (FallbackSession.fit reopens
+    one for whole windows if the audio comes out longer)."""
+    if duration_s is None:
+        return 0
+    frames = window_context_frames(math.ceil((duration_s + 0.5) * SAMPLE_RATE), audio_ctx)
+    return 0 if frames >= N_FRAMES else frames // 2
+
+
 def window_context_frames(n_samples: int, audio_ctx: str) -> int:
     """Mel frames to encode for a file's window of `n_samples` of audio (see TranscribeOptions.audio_ctx)."""
     return context_frames(n_samples, audio_ctx, pad_s=AUDIO_CTX_PAD_S, bucket_s=AUDIO_CTX_BUCKET_S,
@@ -581,6 +592,7 @@ class _Run:
         if self.encoded_seek != seek:
             samples = self.rolling.window(seek * HOP_LENGTH, N_SAMPLES)
             frames = window_context_frames(samples.size, self.options.audio_ctx)
+            self.session.fit(frames)
             self.ctx.encode(window_mel(samples, self.model.mel_filters, frames))
             self.window_audio_s = samples.size / SAMPLE_RATE
             self.timings.add_window(self.ctx.last_encode["encoder_ms"], frames)
@@ -813,7 +825,8 @@ def transcribe(model: WhisperModel, source: str | Path | np.ndarray, options: Tr
         if on_fallback is not None:
             on_fallback(fallback)
 
-    session = FallbackSession(model, fell_back, kv_mode=kv_mode, graph_reuse=graph_reuse, n_seq=n_seq)
+    session = FallbackSession(model, fell_back, kv_mode=kv_mode, graph_reuse=graph_reuse, n_seq=n_seq,
+                              max_audio_ctx=_audio_ctx_for(duration_s, options.audio_ctx))
     run = _Run(model, options, session, _RollingAudio(chunks), timings, stop)
     language = run.guarded_language()
     info = TranscriptionInfo(path=path, language=language, duration_s=duration_s, model=model.name,

@@ -37,7 +37,8 @@ context::context(const model & m, const context_params & p) : mdl(m), params(p) 
                                     std::to_string(p.n_seq));
     }
     ubatch_ = std::min(p.max_ubatch > 0 ? p.max_ubatch : decoder_ubatch_limit(m.dev), m.hp.n_text_ctx);
-    kv_ = std::make_unique<kv_cache>(m.dev, m.hp, arena_cells(m.hp, p.n_seq), p.n_seq, GGML_TYPE_F16, p.pool);
+    kv_ = std::make_unique<kv_cache>(m.dev, m.hp, arena_cells(m.hp, p.n_seq), p.n_seq, GGML_TYPE_F16, p.pool,
+                                     p.max_audio_ctx);
     if (p.mode == kv_mode::host) {
         kv_->enable_host_mirror();
     }
@@ -57,9 +58,10 @@ context::~context() {
 void context::reserve_worst_case() {
     // Allocation failures belong at load time, with a message, not in the middle of a stream
     // (ref: whisper.cpp whisper_sched_graph_init, llama.cpp "reserve worst-case graphs").
-    use_encoder(mdl.hp.n_audio_ctx);
+    const uint32_t n_cross = kv_->cross_capacity();
+    use_encoder(n_cross);
     std::vector<std::unique_ptr<graph_result>> worst;
-    worst.push_back(build_decoder(mdl, *kv_, {ubatch_, std::min(ubatch_, max_outputs), mdl.hp.n_audio_ctx}));
+    worst.push_back(build_decoder(mdl, *kv_, {ubatch_, std::min(ubatch_, max_outputs), n_cross}));
     if (ubatch_ < mdl.hp.n_text_ctx) {
         // Where batches go in pieces, an alignment piece (every row an output, every head's weights) is
         // bounded too, and reserved: on Vulkan (llvmpipe) a compute buffer that grew after load, for the
@@ -68,7 +70,7 @@ void context::reserve_worst_case() {
         for (int l = 0; l < static_cast<int>(mdl.hp.n_text_layer); ++l) {
             for (int h = 0; h < static_cast<int>(mdl.hp.n_text_head); ++h) heads.push_back({l, h});
         }
-        worst.push_back(build_decoder(mdl, *kv_, {ubatch_, ubatch_, mdl.hp.n_audio_ctx}, heads));
+        worst.push_back(build_decoder(mdl, *kv_, {ubatch_, ubatch_, n_cross}, heads));
     }
     for (const auto & g : worst) {
         if (!ggml_backend_sched_reserve(sched_dec_, g->gf)) {
@@ -142,6 +144,11 @@ void context::encode(const float * mel, uint32_t n_frames) {
     if (n_frames < 2 || n_frames % 2 != 0 || n_frames > mdl.hp.n_mel_frames()) {
         throw std::invalid_argument("a window has an even number of mel frames between 2 and " +
                                     std::to_string(mdl.hp.n_mel_frames()) + ", not " + std::to_string(n_frames));
+    }
+    if (n_frames / 2 > kv_->cross_capacity()) {
+        throw std::invalid_argument("this session encodes windows of at most " +
+                                    std::to_string(2 * kv_->cross_capacity()) + " mel frames (max_audio_ctx), not " +
+                                    std::to_string(n_frames));
     }
     const auto t0 = clock_type::now();
     use_encoder(n_frames / 2);  // the same graph every window while the length stays the same

@@ -40,6 +40,8 @@ struct context_params {
                               // device's limit (decoder_ubatch_limit in backend.h)
     std::shared_ptr<kv_pool> pool;  // device mode: the self K/V in this pool's blocks (kv-pool.h); of the
                                     // context's model and device
+    uint32_t max_audio_ctx = 0;     // the most encoder positions a window may have: the cross K/V and the
+                                    // compute buffers are reserved for it; 0 = the model's (a 30 s window)
 };
 
 using clock_type = std::chrono::steady_clock;

@@ -16,9 +16,13 @@ std::atomic<uint64_t> next_id{1};
 }  // namespace
 
 kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, uint32_t n_seq, ggml_type type,
-                   std::shared_ptr<kv_pool> pool)
+                   std::shared_ptr<kv_pool> pool, uint32_t n_cross)
     : id_(next_id++), n_ctx_(n_ctx), n_seq_(n_seq), n_state_(hp.n_text_state), n_head_(hp.n_text_head),
-      n_audio_ctx_(hp.n_audio_ctx), pool_(std::move(pool)) {
+      n_audio_ctx_(n_cross > 0 ? n_cross : hp.n_audio_ctx), pool_(std::move(pool)) {
+    if (n_audio_ctx_ > hp.n_audio_ctx) {
+        throw std::invalid_argument("a window has at most " + std::to_string(hp.n_audio_ctx) +
+                                    " encoder positions, not " + std::to_string(n_cross));
+    }
     if (n_seq < 1 || n_seq > 32) {  // a cell's sequence set is a 32-bit mask
         throw std::invalid_argument("a KV arena holds 1 to 32 sequences, not " + std::to_string(n_seq));
     }

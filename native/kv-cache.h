@@ -52,8 +52,9 @@ struct kv_update {
 class kv_cache {
   public:
     // With `pool`, n_ctx must be a multiple of kv_pool::block_cells and the self K/V come from the pool.
+    // n_cross: the most encoder positions a window may have (0: the model's n_audio_ctx, a 30 s window).
     kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, uint32_t n_seq, ggml_type type,
-             std::shared_ptr<kv_pool> pool = nullptr);
+             std::shared_ptr<kv_pool> pool = nullptr, uint32_t n_cross = 0);
     ~kv_cache();
     kv_cache(const kv_cache &) = delete;
     kv_cache & operator=(const kv_cache &) = delete;
@@ -99,6 +100,7 @@ class kv_cache {
     uint32_t high_water() const;  // cells [0, high_water()) include every cell in use
     const kv_cells & cells() const { return cells_; }
     uint32_t cross_rows() const { return cells_.cross; }
+    uint32_t cross_capacity() const { return n_audio_ctx_; }
     size_t self_bytes() const;   // self-attention K+V of all layers (paged: of the blocks held now)
     size_t cross_bytes() const;  // cross-attention K+V of all layers
     size_t row_bytes() const { return row_bytes_; }

@@ -135,3 +135,45 @@ def test_a_model_with_a_pool_transcribes_as_without(tiny_gguf, jfk_wav):
     assert pooled.kv_pool.peak_blocks > 0 and pooled.kv_pool.used_blocks == 0  # the session ended
     with pytest.raises(ValueError, match="holds no block"):
         pooled.use_kv_pool(0.01)
+
+
+# -- the cross-attention K/V and buffers of a session for a short recording ---------------------------
+
+
+def test_a_session_for_short_audio_reserves_less_and_refuses_longer_windows(native_model, jfk_mel):
+    whole, short = _native.Context(native_model), _native.Context(native_model, max_audio_ctx=600)
+    assert (whole.stats["cross_capacity"], short.stats["cross_capacity"]) == (1500, 600)
+    assert short.stats["cross_kv_bytes"] * 1500 == whole.stats["cross_kv_bytes"] * 600
+    assert short.stats["compute_buffer_bytes"] < whole.stats["compute_buffer_bytes"]
+    with pytest.raises(ValueError, match="at most 1200 mel frames"):
+        short.encode(jfk_mel)  # 3000 frames: a whole window
+    first = np.array([SOT, NO_TIMESTAMPS], dtype=np.int32)
+    for ctx in (whole, short):
+        ctx.encode(np.ascontiguousarray(jfk_mel[:, :1200]))
+    np.testing.assert_array_equal(short.decode(first, 0), whole.decode(first, 0))
+    with pytest.raises(ValueError, match="at most 1500 encoder positions"):
+        _native.Context(native_model, max_audio_ctx=1501)
+
+
+def test_transcribe_opens_its_session_for_the_recordings_length(tiny_gguf, jfk_wav, monkeypatch):
+    from aural.engine import transcribe as transcribing
+    from aural.engine.audio import load_audio
+    from aural.engine.runtime import FallbackSession
+
+    model = WhisperModel(tiny_gguf, n_threads=2)
+    opened = []
+    new_session = model.new_session
+    monkeypatch.setattr(model, "new_session", lambda **kw: opened.append(kw) or new_session(**kw))
+    samples = load_audio(jfk_wav)  # 11.0 s
+    capped = [s.tokens for s in transcribe(model, samples, TranscribeOptions(beam_size=5))]
+    monkeypatch.setattr(transcribing, "_audio_ctx_for", lambda duration_s, audio_ctx: 0)
+    whole = [s.tokens for s in transcribe(model, samples, TranscribeOptions(beam_size=5))]
+    assert capped == whole
+    assert [kw["max_audio_ctx"] for kw in opened] == [transcribing.window_context_frames(11.5 * 16000, "auto") // 2, 0]
+    # A recording longer than its header said: the window that does not fit reopens the session whole.
+    session = FallbackSession(model, lambda fallback: None, max_audio_ctx=300)
+    short_ctx = session.ctx
+    session.fit(600)
+    assert session.ctx is short_ctx
+    session.fit(3000)
+    assert session.ctx is not short_ctx and session.ctx.stats["cross_capacity"] == 1500

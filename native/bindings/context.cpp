@@ -25,9 +25,11 @@ using float_array = py::array_t<float, py::array::c_style | py::array::forcecast
 using int_array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 std::unique_ptr<context> make_context(const model & m, const std::string & kv_mode, bool graph_reuse, int n_threads,
-                                      uint32_t n_seq, uint32_t max_ubatch, std::shared_ptr<kv_pool> pool) {
+                                      uint32_t n_seq, uint32_t max_ubatch, std::shared_ptr<kv_pool> pool,
+                                      uint32_t max_audio_ctx) {
     context_params p;
     p.pool = std::move(pool);
+    p.max_audio_ctx = max_audio_ctx;
     p.mode = parse_kv_mode(kv_mode);
     p.graph_reuse = graph_reuse;
     p.n_threads = n_threads;
@@ -178,6 +180,7 @@ py::dict stats_dict(const context & self) {
     d["align_calls"] = s.align_calls;
     d["n_seq"] = self.kv().n_seq();
     d["cross_rows"] = self.kv().cross_rows();
+    d["cross_capacity"] = self.kv().cross_capacity();
     d["encoder_ms_total"] = s.encoder_ms_total;
     d["compute_ms_total"] = s.compute_ms_total;
     d["kv_io_ms_total"] = s.kv_io_ms_total;
@@ -224,12 +227,15 @@ void register_context(py::module_ & m) {
     py::class_<context>(m, "Context", "One transcription session: KV arena on the device, graphs, timings.")
         .def(py::init(&make_context), py::arg("model"), py::kw_only(), py::arg("kv_mode") = "device",
              py::arg("graph_reuse") = true, py::arg("n_threads") = 0, py::arg("n_seq") = 1,
-             py::arg("max_ubatch") = 0, py::arg("kv_pool") = nullptr, py::keep_alive<1, 2>(),
+             py::arg("max_ubatch") = 0, py::arg("kv_pool") = nullptr, py::arg("max_audio_ctx") = 0,
+             py::keep_alive<1, 2>(),
              "kv_mode 'device' keeps the KV history on the device; 'host' is the round-trip baseline. n_seq "
              "sequences (beams, best-of samples, at most 8) can be decoded side by side. A batch longer than "
              "max_ubatch tokens (0: the device's limit, stats['ubatch']) is decoded in pieces. With kv_pool "
              "(device mode, a KVPool of this model) the self-attention K/V take the pool's blocks as the text "
-             "grows and give them back as it ends; a full pool raises ContextFullError.")
+             "grows and give them back as it ends; a full pool raises ContextFullError. max_audio_ctx (0: the "
+             "model's, a 30 s window) bounds the encoder positions of a window, for which the cross K/V and "
+             "compute buffers are reserved: a session for a short recording needs less memory.")
         .def("encode", &encode, py::arg("mel"),
              "Encode one window: mel float32 (n_mels, n_frames), n_frames even and <= 3000 (30 s); fewer "
              "frames encode a shorter audio context. Computes the cross K/V on the device.")
