@@ -34,7 +34,7 @@ from aural.engine.models.store import resolve_model
 from aural.engine.runtime import WhisperModel
 from aural.engine.transcribe import TranscribeOptions, transcribe
 
-model = WhisperModel(resolve_model(None), n_threads=int(sys.argv[3]))
+model = WhisperModel(resolve_model(sys.argv[4] or None), n_threads=int(sys.argv[3]))
 list(transcribe(model, sys.argv[2], TranscribeOptions(beam_size=1)))
 source = np.load(sys.argv[1]) if sys.argv[1].endswith(".npy") else sys.argv[1]  # bench/prep.py's series
 out = {}
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--note", default="", help="a line put under the title of the .md")
     p.add_argument("--clip", type=Path, default=DATA / CLIP,
                    help="audio to transcribe, or a 16 kHz .npy such as bench/.cache/audio/series-5min.npy")
+    p.add_argument("--model", default="", help="model to load (a packaged name such as base); default: tiny.en")
     args = p.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant]
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         loads.append(os.getloadavg()[0])
         for name, python, env in variants:
-            runs[name].append(run_once(python, env, WORKER, args.clip, DATA / WARMUP, args.threads))
+            runs[name].append(run_once(python, env, WORKER, args.clip, DATA / WARMUP, args.threads, args.model))
             print(f"round {r + 1} {name}: " + ", ".join(f"{m} {runs[name][-1][m]['compute_ms']:.2f} ms/call"
                                                         for m in MODES), flush=True)
     first = variants[0][0]
@@ -83,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([name, mode, f"{statistics.median(ms):.2f}", f"{min(ms):.2f}",
                          f"{statistics.median(ratios):.2f}", f"{step:.2f}", f"{wall:.2f}", "yes" if same else "no"])
     meta = {**machine_info(), "threads": args.threads, "rounds": args.rounds, "loadavg_per_round": loads,
-            "clip": args.clip.name, "note": args.note}
+            "clip": args.clip.name, "model": args.model or "tiny.en", "note": args.note}
     table = md_table(["variant", "mode", "compute ms/call median", "min", f"× {first} (per-round median)",
                       "step compute ms (prefill apart)",
                       "transcription s (median)", f"same text as {first}"], rows)
     write_results(args.name, meta, summary, "Decoder A/B", f"{args.rounds} interleaved rounds, {args.threads} "
-                  f"threads, {args.clip.name} with 30 s windows (1500 audio positions)", table)
+                  f"threads, {args.model or 'tiny.en'}, {args.clip.name} with 30 s windows (1500 audio positions)", table)
     return 0
 
 

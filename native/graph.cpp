@@ -121,11 +121,42 @@ ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const norm_weights
     return ggml_add(ctx, ggml_mul(ctx, x, w.w), w.b);
 }
 
-// w x + b, by w's int8 copy where the model has one (int8-matmul.h).
-ggml_tensor * linear(ggml_context * ctx, const model & m, ggml_tensor * x, ggml_tensor * w, ggml_tensor * b) {
+// residual + (w x + b) (either may be null), by w's int8 copy where the model has one (int8-matmul.h): then
+// the bias and the residual are added in the product's node, the same sums as ggml_add nodes after it.
+ggml_tensor * linear(ggml_context * ctx, const model & m, ggml_tensor * x, ggml_tensor * w, ggml_tensor * b,
+                     ggml_tensor * residual = nullptr) {
     ggml_tensor * w8 = m.int8_of(w);
+    const bool fuse = w8 && (!b || (b->type == GGML_TYPE_F32 && ggml_is_contiguous(b))) &&
+                      (!residual || (residual->type == GGML_TYPE_F32 && ggml_is_contiguous(residual)));
+    if (fuse) {
+        return int8_matmul(ctx, w8, w->ne[1], x, {b, residual});
+    }
     x = w8 ? int8_matmul(ctx, w8, w->ne[1], x) : ggml_mul_mat(ctx, w, x);
-    return b ? ggml_add(ctx, x, b) : x;
+    x = b ? ggml_add(ctx, x, b) : x;
+    return residual ? ggml_add(ctx, residual, x) : x;
+}
+
+// w_i x + b_i for projections of one input x [n_in, n], each [n_out, n] (contiguous): by one int8 product
+// where the model packed them as a group (model.h, int8_group), else one linear each.
+std::vector<ggml_tensor *> linears(ggml_context * ctx, const model & m, ggml_tensor * x,
+                                   const std::vector<ggml_tensor *> & ws, const std::vector<ggml_tensor *> & bs) {
+    std::vector<ggml_tensor *> out;
+    if (const model::int8_group * g = m.int8_group_of(ws)) {
+        ggml_tensor * y = int8_matmul(ctx, g->w, g->n_split * g->rows_each, x, {g->bias, nullptr, g->n_split});
+        for (int64_t i = 0; i < g->n_split; ++i) {  // y [rows_each, n, n_split]
+            out.push_back(ggml_view_2d(ctx, y, y->ne[0], y->ne[1], y->nb[1], i * y->nb[2]));
+        }
+        return out;
+    }
+    for (size_t i = 0; i < ws.size(); ++i) {
+        out.push_back(linear(ctx, m, x, ws[i], bs[i]));
+    }
+    return out;
+}
+
+// A layer's self-attention q, k and v of x.
+std::vector<ggml_tensor *> qkv(ggml_context * ctx, const model & m, ggml_tensor * x, const attn_weights & w) {
+    return linears(ctx, m, x, {w.q_w, w.k_w, w.v_w}, {w.q_b, nullptr, w.v_b});
 }
 
 // [n_state, n] -> [head_dim, n, n_head], the layout ggml_flash_attn_ext takes for q, k and v.
@@ -156,10 +187,9 @@ ggml_tensor * attention_kv(ggml_context * ctx, ggml_tensor * x, int n_head, bool
 // Encoder self-attention of x [n_state, n] before the output projection, by flash attention (any backend).
 ggml_tensor * encoder_attention(ggml_context * ctx, const model & m, ggml_tensor * x, const attn_weights & w,
                                 int n_head, bool kv_f16) {
-    ggml_tensor * q = linear(ctx, m, x, w.q_w, w.q_b);
-    ggml_tensor * k = attention_kv(ctx, linear(ctx, m, x, w.k_w, nullptr), n_head, kv_f16);
-    ggml_tensor * v = attention_kv(ctx, linear(ctx, m, x, w.v_w, w.v_b), n_head, kv_f16);
-    return attention(ctx, q, k, v, nullptr, n_head);
+    const std::vector<ggml_tensor *> p = qkv(ctx, m, x, w);
+    return attention(ctx, p[0], attention_kv(ctx, p[1], n_head, kv_f16), attention_kv(ctx, p[2], n_head, kv_f16),
+                     nullptr, n_head);
 }
 
 // The same by Aural's CPU op (attention.h), which takes K transposed. With plain f32 weights (widened for
@@ -168,17 +198,20 @@ ggml_tensor * encoder_attention(ggml_context * ctx, const model & m, ggml_tensor
 // widen) project K as usual and transpose it with a copy (n x n_state floats, ~0.3 ms at 1500 positions).
 ggml_tensor * encoder_attention_cpu(ggml_context * ctx, const model & m, ggml_tensor * x, const attn_weights & w,
                                     int n_head) {
-    const bool swap = w.k_w->type == GGML_TYPE_F32 && !m.int8_of(w.k_w);
-    ggml_tensor * kt = swap ? ggml_mul_mat(ctx, x, w.k_w)
-                            : ggml_cont(ctx, ggml_transpose(ctx, linear(ctx, m, x, w.k_w, nullptr)));
-    return encoder_self_attention(ctx, linear(ctx, m, x, w.q_w, w.q_b), kt, linear(ctx, m, x, w.v_w, w.v_b), n_head);
+    if (w.k_w->type == GGML_TYPE_F32 && !m.int8_of(w.k_w)) {
+        return encoder_self_attention(ctx, linear(ctx, m, x, w.q_w, w.q_b), ggml_mul_mat(ctx, x, w.k_w),
+                                      linear(ctx, m, x, w.v_w, w.v_b), n_head);
+    }
+    const std::vector<ggml_tensor *> p = qkv(ctx, m, x, w);
+    return encoder_self_attention(ctx, p[0], ggml_cont(ctx, ggml_transpose(ctx, p[1])), p[2], n_head);
 }
 
-ggml_tensor * mlp(ggml_context * ctx, const model & m, ggml_tensor * x, const mlp_weights & w) {
+// residual + mlp(x).
+ggml_tensor * mlp(ggml_context * ctx, const model & m, ggml_tensor * x, const mlp_weights & w, ggml_tensor * residual) {
     // Whisper's MLP uses the exact (erf) GELU. ggml_gelu (tanh form, f16 table, as whisper.cpp uses) made
     // beam 5 lose a word on the dev clips (bench/results/speed-ablation.md), so the exact form stays.
     x = gelu_erf(ctx, linear(ctx, m, x, w.fc1_w, w.fc1_b), m.simd_gelu);
-    return linear(ctx, m, x, w.fc2_w, w.fc2_b);
+    return linear(ctx, m, x, w.fc2_w, w.fc2_b, residual);
 }
 
 // Names `t`, marks it as an output (its memory outlives the graph's other intermediates) and adds it to `gf`.
@@ -270,16 +303,21 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
         ggml_tensor * cur = layer_norm(ctx, x, l.attn_ln);
         cur = m.simd_attention ? encoder_attention_cpu(ctx, m, cur, l.attn, n_head)
                                : encoder_attention(ctx, m, cur, l.attn, n_head, kv_f16);
-        x = ggml_add(ctx, x, linear(ctx, m, cur, l.attn.o_w, l.attn.o_b));
-        x = ggml_add(ctx, x, mlp(ctx, m, layer_norm(ctx, x, l.mlp_ln), l.mlp));
+        x = linear(ctx, m, cur, l.attn.o_w, l.attn.o_b, x);
+        x = mlp(ctx, m, layer_norm(ctx, x, l.mlp_ln), l.mlp, x);
     }
     x = layer_norm(ctx, x, m.enc_ln_post);
 
     // Cross-attention K/V of every decoder layer, computed once per window and kept in the arena.
+    std::vector<ggml_tensor *> ws, bs;
+    for (const decoder_layer & l : m.dec) {
+        ws.insert(ws.end(), {l.cross.k_w, l.cross.v_w});
+        bs.insert(bs.end(), {nullptr, l.cross.v_b});
+    }
+    const std::vector<ggml_tensor *> cross = linears(ctx, m, x, ws, bs);
     for (size_t il = 0; il < m.dec.size(); ++il) {
-        const attn_weights & c = m.dec[il].cross;
-        ggml_build_forward_expand(res->gf, kv.cpy_cross_k(ctx, linear(ctx, m, x, c.k_w, nullptr), il));
-        ggml_build_forward_expand(res->gf, kv.cpy_cross_v(ctx, linear(ctx, m, x, c.v_w, c.v_b), il));
+        ggml_build_forward_expand(res->gf, kv.cpy_cross_k(ctx, cross[2 * il], il));
+        ggml_build_forward_expand(res->gf, kv.cpy_cross_v(ctx, cross[2 * il + 1], il));
     }
     return res;
 }
@@ -412,8 +450,8 @@ std::unique_ptr<graph_result> decoder_graph(const model & m, const std::vector<d
     for (size_t il = 0; il < m.dec.size(); ++il) {
         const decoder_layer & l = m.dec[il];
         ggml_tensor * cur = layer_norm(ctx, x, l.attn_ln);
-        ggml_tensor * q = linear(ctx, m, cur, l.attn.q_w, l.attn.q_b);
-        ggml_tensor * k_cur = linear(ctx, m, cur, l.attn.k_w, nullptr), * v_cur = linear(ctx, m, cur, l.attn.v_w, l.attn.v_b);
+        const std::vector<ggml_tensor *> p = qkv(ctx, m, cur, l.attn);
+        ggml_tensor * q = p[0], * k_cur = p[1], * v_cur = p[2];
         std::vector<ggml_tensor *> outs;
         for (const part_inputs & pi : in) {
             // Write this step's K/V rows in place before the attention reads the arena (graph order).
@@ -430,7 +468,7 @@ std::unique_ptr<graph_result> decoder_graph(const model & m, const std::vector<d
                 outs.push_back(attention(ctx, qj, k, v, pi.mask, n_head));
             }
         }
-        x = ggml_add(ctx, x, linear(ctx, m, join(ctx, outs), l.attn.o_w, l.attn.o_b));
+        x = linear(ctx, m, join(ctx, outs), l.attn.o_w, l.attn.o_b, x);
 
         cur = layer_norm(ctx, x, l.cross_ln);
         q = linear(ctx, m, cur, l.cross.q_w, l.cross.q_b);
@@ -453,9 +491,9 @@ std::unique_ptr<graph_result> decoder_graph(const model & m, const std::vector<d
                 res->cross_qk = res->cross_qk ? ggml_concat(ctx, res->cross_qk, w, 2) : w;
             }
         }
-        x = ggml_add(ctx, x, linear(ctx, m, join(ctx, outs), l.cross.o_w, l.cross.o_b));
+        x = linear(ctx, m, join(ctx, outs), l.cross.o_w, l.cross.o_b, x);
 
-        x = ggml_add(ctx, x, mlp(ctx, m, layer_norm(ctx, x, l.mlp_ln), l.mlp));
+        x = mlp(ctx, m, layer_norm(ctx, x, l.mlp_ln), l.mlp, x);
     }
     x = layer_norm(ctx, x, m.dec_ln);
     x = ggml_get_rows(ctx, x, out_ids);  // [n_state, n_outputs]

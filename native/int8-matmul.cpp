@@ -268,14 +268,12 @@ AURAL_AMX void amx_tile(const int8_t * panel, int64_t panel_stride, int64_t n_co
 // last, and the columns left of a multiple of 16 go through the AVX-512 kernel. The thread's tile
 // configuration is saved and put back, since ggml's AMX kernels configure a thread's tiles once and rely on it
 // after (ggml-cpu/amx/mmq.cpp).
-AURAL_AMX void panels_amx(const ggml_tensor * w, const uint8_t * xq, int64_t xq_stride, int64_t m, int64_t n_cols,
-                          int64_t n_rows, int64_t p0, int64_t p1, float * out) {
+AURAL_AMX void panels_amx(const int8_t * panels, int64_t stride, const uint8_t * xq, int64_t xq_stride, int64_t m,
+                          int64_t n_cols, int64_t n_rows, int64_t p0, int64_t p1, float * out) {
     tile_config saved;
     store_tile_config(saved);
     load_tile_config(amx_config());
     const int64_t m16 = m / 16 * 16;
-    const auto * panels = static_cast<const int8_t *>(w->data);
-    const int64_t stride = w->nb[1];
     auto live_rows = [&](int64_t p) {
         const int64_t live = std::min<int64_t>(int8_panel_rows, n_rows - p * int8_panel_rows);
         return static_cast<__mmask16>((1u << live) - 1);
@@ -414,40 +412,84 @@ __attribute__((target("avx2,fma,avxvnni"), flatten)) void panel_cols_avx_vnni(co
     panel_cols_ymm<step_avx_vnni>(panel, n_cols, xq, xq_stride, m, out, out_stride, live);
 }
 
-// Thread ith of nth computes a contiguous range of panels (16 output rows each) for every column.
-void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
-    const ggml_tensor * w = dst->src[0];
-    const ggml_tensor * xq = dst->src[1];
-    const int64_t n_rows = dst->ne[0], m = dst->ne[1], n_cols = xq->ne[0] - 4, n_panels = w->ne[1];
-    const int64_t p0 = n_panels * ith / nth, p1 = n_panels * (ith + 1) / nth;
+// Panels [p0, p1) of a matrix of n_rows rows (at `panels`, `stride` bytes apart) against every column of xq;
+// out [n_rows, m].
+void panel_range(const int8_t * panels, int64_t stride, const ggml_tensor * xq, int64_t m, int64_t n_rows,
+                 int64_t p0, int64_t p1, float * out) {
+    const int64_t n_cols = xq->ne[0] - 4;
+    const auto * xq_data = static_cast<const uint8_t *>(xq->data);
     kernel k = widest();
     if (k == kernel::amx) {
         // Tiles take 64 input values and 16 columns per step: a matrix of another width, or fewer than 16
         // columns (a decoder step's tokens and beams, bound by reading the weights either way), stay with
         // AVX-512 VNNI.
         if (n_cols % 64 == 0 && m >= 16) {
-            panels_amx(w, static_cast<const uint8_t *>(xq->data), xq->nb[1], m, n_cols, n_rows, p0, p1,
-                       static_cast<float *>(dst->data));
+            panels_amx(panels, stride, xq_data, xq->nb[1], m, n_cols, n_rows, p0, p1, out);
             return;
         }
         k = kernel::avx512_vnni;
     }
     for (int64_t p = p0; p < p1; ++p) {
         const int64_t live = std::min<int64_t>(int8_panel_rows, n_rows - p * int8_panel_rows);
-        const auto * panel = static_cast<const int8_t *>(w->data) + p * w->nb[1];
-        const auto * xq_data = static_cast<const uint8_t *>(xq->data);
-        float * out = static_cast<float *>(dst->data) + p * int8_panel_rows;
+        const int8_t * panel = panels + p * stride;
+        float * o = out + p * int8_panel_rows;
         switch (k) {
             case kernel::amx:  // taken above
             case kernel::avx512_vnni:
-                panel_cols(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<__mmask16>((1u << live) - 1));
+                panel_cols(panel, n_cols, xq_data, xq->nb[1], m, o, n_rows, static_cast<__mmask16>((1u << live) - 1));
                 break;
             case kernel::avx_vnni:
-                panel_cols_avx_vnni(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<int>(live));
+                panel_cols_avx_vnni(panel, n_cols, xq_data, xq->nb[1], m, o, n_rows, static_cast<int>(live));
                 break;
             case kernel::avx2:
-                panel_cols_avx2(panel, n_cols, xq_data, xq->nb[1], m, out, n_rows, static_cast<int>(live));
+                panel_cols_avx2(panel, n_cols, xq_data, xq->nb[1], m, o, n_rows, static_cast<int>(live));
                 break;
+        }
+    }
+}
+
+// Where the product's bias and residual are among dst's sources (-1: none).
+struct epilogue_srcs {
+    int bias, residual;
+};
+constexpr epilogue_srcs epilogues[4] = {{-1, -1}, {2, -1}, {-1, 2}, {2, 3}};
+
+// Rows [r0, r1) of out [n_rows, m]: out = residual + (out + bias), each sum rounded to f32 as two ggml_add
+// nodes after the product would round it (no multiply is left to fuse with), so the bits are theirs.
+void add_epilogue(float * out, int64_t n_rows, int64_t m, int64_t r0, int64_t r1, const float * bias,
+                  const float * residual) {
+    for (int64_t c = 0; c < m; ++c) {
+        float * o = out + c * n_rows;
+        if (bias) {
+            for (int64_t r = r0; r < r1; ++r) o[r] += bias[r];
+        }
+        if (residual) {
+            const float * x = residual + c * n_rows;
+            for (int64_t r = r0; r < r1; ++r) o[r] = x[r] + o[r];
+        }
+    }
+}
+
+// Thread ith of nth computes a contiguous range of panels (16 output rows each) for every column. dst is
+// [split_rows, m, n_split]: the matrix's rows in n_split blocks, each block's output contiguous.
+void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * xq = dst->src[1];
+    const auto & e = *static_cast<const epilogue_srcs *>(userdata);
+    const float * bias = e.bias < 0 ? nullptr : static_cast<const float *>(dst->src[e.bias]->data);
+    const float * residual = e.residual < 0 ? nullptr : static_cast<const float *>(dst->src[e.residual]->data);
+    const int64_t split_rows = dst->ne[0], m = dst->ne[1], n_split = dst->ne[2], n_panels = w->ne[1];
+    const int64_t split_panels = n_panels / n_split;  // a split's rows are a multiple of 16 (int8_matmul)
+    const int64_t p0 = n_panels * ith / nth, p1 = n_panels * (ith + 1) / nth;
+    for (int64_t s = p0 / split_panels; p0 < p1 && s * split_panels < p1; ++s) {
+        const int64_t q0 = std::max(p0, s * split_panels) - s * split_panels;
+        const int64_t q1 = std::min(p1, (s + 1) * split_panels) - s * split_panels;
+        float * out = reinterpret_cast<float *>(static_cast<char *>(dst->data) + s * dst->nb[2]);
+        panel_range(static_cast<const int8_t *>(w->data) + s * split_panels * w->nb[1], w->nb[1], xq, m, split_rows,
+                    q0, q1, out);
+        if (bias || residual) {
+            add_epilogue(out, split_rows, m, q0 * int8_panel_rows, std::min(q1 * int8_panel_rows, split_rows),
+                         bias ? bias + s * split_rows : nullptr, residual);
         }
     }
 }
@@ -466,19 +508,33 @@ const char * int8_kernel_name() {
     }
 }
 
-ggml_tensor * int8_matmul(ggml_context * ctx, ggml_tensor * w, int64_t n_rows, ggml_tensor * x) {
-    const int64_t n_cols = x->ne[0];
+ggml_tensor * int8_matmul(ggml_context * ctx, ggml_tensor * w, int64_t n_rows, ggml_tensor * x,
+                          const int8_epilogue & e) {
+    const int64_t n_cols = x->ne[0], m = x->ne[1];
     if (!int8_matmul_available() || w->type != GGML_TYPE_I8 || x->type != GGML_TYPE_F32 || !ggml_is_contiguous(x) ||
         n_cols <= 0 || n_cols % 16 != 0 || w->ne[0] != int8_panel_bytes(n_cols) ||
-        w->ne[1] != (n_rows + int8_panel_rows - 1) / int8_panel_rows || ggml_nrows(x) != x->ne[1]) {
+        w->ne[1] != (n_rows + int8_panel_rows - 1) / int8_panel_rows || ggml_nrows(x) != m) {
         throw std::invalid_argument("int8_matmul: needs AVX2, a packed I8 matrix and contiguous 2-D f32 "
                                     "activations with a multiple of 16 values per column");
     }
+    const int64_t n_split = e.n_split;
+    if (n_split < 1 || n_rows % n_split != 0 || (n_split > 1 && (n_rows / n_split) % int8_panel_rows != 0) ||
+        (e.bias && (e.bias->type != GGML_TYPE_F32 || !ggml_is_contiguous(e.bias) || ggml_nelements(e.bias) != n_rows)) ||
+        (e.residual && (n_split != 1 || e.residual->type != GGML_TYPE_F32 || !ggml_is_contiguous(e.residual) ||
+                        e.residual->ne[0] != n_rows || ggml_nrows(e.residual) != m))) {
+        throw std::invalid_argument("int8_matmul: splits of whole panels, an f32 bias of n_rows values and an "
+                                    "f32 residual of the output's shape (unsplit), contiguous");
+    }
     ggml_tensor * args[] = {x};
-    ggml_tensor * xq = ggml_custom_4d(ctx, GGML_TYPE_I8, xq_row_bytes(n_cols), x->ne[1], 1, 1, args, 1, quantize_op,
+    ggml_tensor * xq = ggml_custom_4d(ctx, GGML_TYPE_I8, xq_row_bytes(n_cols), m, 1, 1, args, 1, quantize_op,
                                       GGML_N_TASKS_MAX, nullptr);
-    ggml_tensor * margs[] = {w, xq};
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, n_rows, x->ne[1], 1, 1, margs, 2, matmul_op, GGML_N_TASKS_MAX, nullptr);
+    ggml_tensor * margs[4] = {w, xq};
+    int n_args = 2;
+    if (e.bias) margs[n_args++] = e.bias;
+    if (e.residual) margs[n_args++] = e.residual;
+    const epilogue_srcs * kind = &epilogues[(e.bias ? 1 : 0) + (e.residual ? 2 : 0)];
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, n_rows / n_split, m, n_split, 1, margs, n_args, matmul_op,
+                          GGML_N_TASKS_MAX, const_cast<epilogue_srcs *>(kind));
 }
 
 #else  // not x86-64 with GCC or Clang
@@ -487,7 +543,7 @@ bool int8_matmul_available() { return false; }
 
 const char * int8_kernel_name() { return "none"; }
 
-ggml_tensor * int8_matmul(ggml_context *, ggml_tensor *, int64_t, ggml_tensor *) {
+ggml_tensor * int8_matmul(ggml_context *, ggml_tensor *, int64_t, ggml_tensor *, const int8_epilogue &) {
     throw std::invalid_argument("int8_matmul: not built for this CPU");
 }
 

@@ -93,6 +93,7 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->allocate_weights();
     m->read_weights(meta.get());
     m->fill_screen();
+    m->fill_group_biases();
     AURAL_LOG_INFO("%s: %u+%u layers, %.1f MiB of weights on %s", path.c_str(), m->hp.n_audio_layer,
                    m->hp.n_text_layer, m->weights_bytes / 1048576.0, ggml_backend_dev_name(m->dev));
     return m;
@@ -409,16 +410,20 @@ void model::make_cpu_copies() {
     if (!screen && packed.empty()) {
         return;
     }
-    ggml_init_params params = {/*.mem_size =*/ ggml_tensor_overhead() * (packed.size() + 1), /*.mem_buffer =*/ nullptr,
-                               /*.no_alloc =*/ true};
+    // Each weight's copy or view, each group's matrix and bias, the screen.
+    ggml_init_params params = {/*.mem_size =*/ ggml_tensor_overhead() * (3 * packed.size() + 1),
+                               /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true};
     copies_ctx_ = ggml_init(params);
     auto int8_copy = [this](const ggml_tensor * w) {
         return ggml_new_tensor_2d(copies_ctx_, GGML_TYPE_I8, int8_panel_bytes(w->ne[0]),
                                   (w->ne[1] + int8_panel_rows - 1) / int8_panel_rows);
     };
+    make_int8_groups(packed);
     for (ggml_tensor * w : packed) {
-        int8_copies_[w] = int8_copy(w);
-        ggml_format_name(int8_copies_[w], "%s.int8", ggml_get_name(w));
+        if (!int8_copies_.count(w)) {
+            int8_copies_[w] = int8_copy(w);
+            ggml_format_name(int8_copies_[w], "%s.int8", ggml_get_name(w));
+        }
     }
     if (screen) {
         out_screen = int8 ? int8_copy(tok_emb)
@@ -433,12 +438,91 @@ void model::make_cpu_copies() {
     buffers_.push_back(buf);
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     for (const auto & [w, copy] : int8_copies_) {
-        int8_bytes += ggml_nbytes(copy);
+        int8_bytes += ggml_nbytes(copy);  // a group member's view: its part of the group's matrix
     }
     screen_bytes = out_screen ? ggml_nbytes(out_screen) : 0;
     AURAL_LOG_INFO("CPU weight copies: %zu int8 matrices (%.1f MiB), %s output screen (%.1f MiB)", int8_copies_.size(),
                    int8_bytes / 1048576.0, out_screen ? ggml_type_name(out_screen->type) : "no",
                    screen_bytes / 1048576.0);
+}
+
+// Projections that take the same input, with their biases (null: none).
+std::vector<std::pair<std::vector<ggml_tensor *>, std::vector<ggml_tensor *>>> model::projection_groups() const {
+    std::vector<std::pair<std::vector<ggml_tensor *>, std::vector<ggml_tensor *>>> groups;
+    for (const encoder_layer & l : enc) {
+        groups.push_back({{l.attn.q_w, l.attn.k_w, l.attn.v_w}, {l.attn.q_b, nullptr, l.attn.v_b}});
+    }
+    std::vector<ggml_tensor *> cross_w, cross_b;
+    for (const decoder_layer & l : dec) {
+        groups.push_back({{l.attn.q_w, l.attn.k_w, l.attn.v_w}, {l.attn.q_b, nullptr, l.attn.v_b}});
+        cross_w.insert(cross_w.end(), {l.cross.k_w, l.cross.v_w});
+        cross_b.insert(cross_b.end(), {nullptr, l.cross.v_b});
+    }
+    groups.push_back({cross_w, cross_b});
+    return groups;
+}
+
+// Groups of packed projections of one shape with whole panels: one I8 matrix each, the members' copies views
+// of it (made before them in copies_ctx_, so that allocation places the matrix first).
+void model::make_int8_groups(const std::vector<ggml_tensor *> & packed) {
+    const std::set<const ggml_tensor *> is_packed(packed.begin(), packed.end());
+    for (const auto & [ws, bs] : projection_groups()) {
+        const bool fits = std::all_of(ws.begin(), ws.end(), [&](const ggml_tensor * w) {
+            return is_packed.count(w) && w->ne[0] == ws[0]->ne[0] && w->ne[1] == ws[0]->ne[1] &&
+                   w->ne[1] % int8_panel_rows == 0;
+        });
+        if (!fits || std::any_of(bs.begin(), bs.end(), [](const ggml_tensor * b) { return b && b->ne[1] != 1; })) {
+            continue;
+        }
+        const int64_t rows = ws[0]->ne[1], panels = rows / int8_panel_rows, n = static_cast<int64_t>(ws.size());
+        int8_group g{ggml_new_tensor_2d(copies_ctx_, GGML_TYPE_I8, int8_panel_bytes(ws[0]->ne[0]), n * panels),
+                     ggml_new_tensor_1d(copies_ctx_, GGML_TYPE_F32, n * rows), n, rows, {bs.begin(), bs.end()}};
+        ggml_format_name(g.w, "%s.group%d.int8", ggml_get_name(ws[0]), static_cast<int>(n));
+        ggml_format_name(g.bias, "%s.group%d.bias", ggml_get_name(ws[0]), static_cast<int>(n));
+        for (int64_t i = 0; i < n; ++i) {
+            ggml_tensor * view = ggml_view_2d(copies_ctx_, g.w, g.w->ne[0], panels, g.w->nb[1], i * panels * g.w->nb[1]);
+            ggml_format_name(view, "%s.int8", ggml_get_name(ws[i]));
+            int8_copies_[ws[i]] = view;
+        }
+        int8_groups_[ws[0]] = std::move(g);
+    }
+}
+
+const model::int8_group * model::int8_group_of(const std::vector<ggml_tensor *> & ws) const {
+    const auto it = ws.empty() ? int8_groups_.end() : int8_groups_.find(ws[0]);
+    if (it == int8_groups_.end() || it->second.n_split != static_cast<int64_t>(ws.size())) {
+        return nullptr;
+    }
+    for (size_t i = 0; i < ws.size(); ++i) {  // members follow each other in the matrix
+        const ggml_tensor * copy = int8_of(ws[i]);
+        if (!copy || copy->view_src != it->second.w ||
+            copy->view_offs != i * static_cast<size_t>(it->second.rows_each / int8_panel_rows) * it->second.w->nb[1]) {
+            return nullptr;
+        }
+    }
+    return &it->second;
+}
+
+// Each group's bias from its members' biases (f32 or f16, read back from their buffer), zeros where a member has none.
+void model::fill_group_biases() {
+    for (auto & [first, g] : int8_groups_) {
+        std::vector<float> bias(static_cast<size_t>(g.n_split * g.rows_each), 0.0f);
+        for (size_t i = 0; i < g.biases.size(); ++i) {
+            const ggml_tensor * b = g.biases[i];
+            if (!b) continue;
+            float * out = bias.data() + i * g.rows_each;
+            if (b->type == GGML_TYPE_F32) {
+                ggml_backend_tensor_get(b, out, 0, ggml_nbytes(b));
+            } else if (b->type == GGML_TYPE_F16) {
+                std::vector<ggml_fp16_t> h(static_cast<size_t>(g.rows_each));
+                ggml_backend_tensor_get(b, h.data(), 0, ggml_nbytes(b));
+                ggml_fp16_to_fp32_row(h.data(), out, g.rows_each);
+            } else {
+                throw std::runtime_error(path + ": " + ggml_get_name(b) + " is neither f32 nor f16");
+            }
+        }
+        ggml_backend_tensor_set(g.bias, bias.data(), 0, ggml_nbytes(g.bias));
+    }
 }
 
 void model::fill_screen() {

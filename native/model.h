@@ -110,6 +110,19 @@ class model {
         return it == int8_copies_.end() ? nullptr : it->second;
     }
 
+    // Projections of one input (a layer's self-attention q, k and v; the decoder layers' cross K and V of the
+    // encoder's output) packed one after another as one int8 matrix, each one's int8 copy a view of it, with
+    // their biases side by side (zeros where one has none): int8_matmul's n_split multiplies the input,
+    // quantised once, by all of them in one node.
+    struct int8_group {
+        ggml_tensor * w = nullptr;     // I8 panels of n_split matrices of rows_each rows each
+        ggml_tensor * bias = nullptr;  // f32 [n_split * rows_each]
+        int64_t n_split = 0, rows_each = 0;
+        std::vector<const ggml_tensor *> biases;  // each member's own bias (null: none), which fill `bias`
+    };
+    // The group whose members are exactly `ws`, in that order, or null.
+    const int8_group * int8_group_of(const std::vector<ggml_tensor *> & ws) const;
+
     ggml_tensor * tok_emb = nullptr;  // [n_text_state, n_vocab]; also the output projection (tied)
     ggml_tensor * dec_pos = nullptr;  // [n_text_state, n_text_ctx]
     std::vector<decoder_layer> dec;
@@ -121,17 +134,21 @@ class model {
     void bind_tensors();
     ggml_tensor * require(const std::string & name, std::initializer_list<int64_t> ne);
     std::vector<ggml_tensor *> matmul_weights() const;
+    std::vector<std::pair<std::vector<ggml_tensor *>, std::vector<ggml_tensor *>>> projection_groups() const;
+    void make_int8_groups(const std::vector<ggml_tensor *> & packed);
     std::vector<ggml_tensor *> encoder_projections() const;
     void widen_encoder_projections();
     void allocate_weights();
     void read_weights(gguf_context * meta);
     void make_cpu_copies();
     void fill_screen();
+    void fill_group_biases();
     void fill_copy(const ggml_tensor * w, const void * data, ggml_tensor * copy);
 
     ggml_context * ctx_ = nullptr;                 // tensor metadata (no data)
     ggml_context * copies_ctx_ = nullptr;          // metadata of out_screen and the int8 copies (made here)
     std::map<const ggml_tensor *, ggml_tensor *> int8_copies_;  // weight -> its int8 copy
+    std::map<const ggml_tensor *, int8_group> int8_groups_;      // first member -> its group
     std::vector<ggml_backend_buffer_t> buffers_;  // one per buffer type that holds weights
     std::set<const ggml_tensor *> widened_;        // f16 in the file, f32 in memory
 };

@@ -320,6 +320,32 @@ def test_int8_products_are_their_exact_integer_sums_scaled_in_f32(level, rows, c
     assert np.array_equal(_native.kernel_int8_matmul(w, x), int8_product64(w, x))
 
 
+@pytest.mark.parametrize("m", [5, 53])
+def test_int8_products_add_bias_and_residual_and_split_rows_as_separate_nodes_would(level, m):
+    """The product's node adds a bias per row and then a residual (graph.cpp's linear: r + (w x + b)), each
+    sum one f32 rounding of the f32 product, as ggml_add nodes after it gave: the same bits. Rows split in
+    blocks (a layer's q, k and v packed one after another) give each block's own product and bias, whole
+    panels at a time, with the AVX-512 kernel (5 columns) and AMX's tiles (53) alike."""
+    if level.kernel_isa == "baseline":
+        pytest.skip("Aural's int8 products need AVX2")
+    rng = np.random.default_rng(m)
+    w = rng.normal(0, 0.05, (3 * 64, 384)).astype(np.float32)
+    x = rng.normal(0, 1, (m, 384)).astype(np.float32)
+    bias = rng.normal(0, 1, 3 * 64).astype(np.float32)
+    residual = rng.normal(0, 4, (m, 3 * 64)).astype(np.float32)
+    plain = int8_product64(w, x)
+    assert np.array_equal(_native.kernel_int8_matmul(w, x, bias=bias), plain + bias)
+    assert np.array_equal(_native.kernel_int8_matmul(w, x, bias=bias, residual=residual), residual + (plain + bias))
+    assert np.array_equal(_native.kernel_int8_matmul(w, x, residual=residual), residual + plain)
+    split = _native.kernel_int8_matmul(w, x, bias=bias, n_split=3)
+    assert split.shape == (3, m, 64)
+    for i in range(3):
+        rows = slice(64 * i, 64 * (i + 1))
+        assert np.array_equal(split[i], int8_product64(w[rows], x) + bias[rows])
+    with pytest.raises(ValueError):  # a block of 40 rows would split a panel of 16
+        _native.kernel_int8_matmul(w[:120], x, n_split=3)
+
+
 @pytest.mark.parametrize("variant, kernel, m", [("haswell", "avx2", 37), ("alderlake", "avx_vnni", 37),
                                                ("icelake", "avx512_vnni", 53)])
 def test_int8_products_are_the_same_bits_with_each_kernel(level, tmp_path, variant, kernel, m):

@@ -2,10 +2,12 @@
 // each call builds a one-op ggml graph, runs it on the CPU backend at the configured CPU level (cpu.h)
 // and returns its output. They raise ValueError where the level does not run the kernel.
 #include <pybind11/numpy.h>
+#include <pybind11/stl.h>
 
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -138,20 +140,40 @@ farray self_attention(const farray & q, const farray & k, const farray & v,
     }, {static_cast<py::ssize_t>(n_q), static_cast<py::ssize_t>(n_state)});
 }
 
-// w: (rows, cols) packed as int8 (one scale per row); x: (m, cols). x w^T: (m, rows).
-farray int8_product(const farray & w, const farray & x) {
-    if (w.ndim() != 2 || x.ndim() != 2 || w.shape(1) != x.shape(1)) {
-        throw std::invalid_argument("int8_matmul takes w (rows, cols) and x (m, cols)");
+// w: (rows, cols) packed as int8 (one scale per row); x: (m, cols). residual + (x w^T + bias): (m, rows), or
+// with n_split > 1 the rows as n_split blocks, (n_split, m, rows / n_split). bias: (rows,); residual: (m, rows).
+farray int8_product(const farray & w, const farray & x, const std::optional<farray> & bias,
+                    const std::optional<farray> & residual, int64_t n_split) {
+    if (w.ndim() != 2 || x.ndim() != 2 || w.shape(1) != x.shape(1) || n_split < 1 || w.shape(0) % n_split != 0 ||
+        (bias && (bias->ndim() != 1 || bias->shape(0) != w.shape(0))) ||
+        (residual && (residual->ndim() != 2 || residual->shape(0) != x.shape(0) || residual->shape(1) != w.shape(0)))) {
+        throw std::invalid_argument("int8_matmul takes w (rows, cols), x (m, cols), bias (rows,), residual (m, rows) "
+                                    "and n_split dividing rows");
     }
     const int64_t rows = w.shape(0), cols = w.shape(1), m = x.shape(0);
     const int64_t panels = (rows + int8_panel_rows - 1) / int8_panel_rows;
     std::vector<int8_t> packed(panels * int8_panel_bytes(cols));
     int8_pack(w.data(), rows, cols, packed.data());
+    std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(rows)};
+    if (n_split > 1) shape = {static_cast<py::ssize_t>(n_split), static_cast<py::ssize_t>(m),
+                              static_cast<py::ssize_t>(rows / n_split)};
     return run_on_cpu([&](ggml_context * ctx) {
         ggml_tensor * tw = ggml_new_tensor_2d(ctx, GGML_TYPE_I8, int8_panel_bytes(cols), panels);
         ggml_tensor * tx = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cols, m);
-        return graph_run{{{tw, packed.data()}, {tx, x.data()}}, int8_matmul(ctx, tw, rows, tx)};
-    }, {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(rows)});
+        graph_run run{{{tw, packed.data()}, {tx, x.data()}}, nullptr};
+        int8_epilogue e;
+        e.n_split = n_split;
+        if (bias) {
+            e.bias = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, rows);
+            run.inputs.push_back({e.bias, bias->data()});
+        }
+        if (residual) {
+            e.residual = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, rows, m);
+            run.inputs.push_back({e.residual, residual->data()});
+        }
+        run.output = int8_matmul(ctx, tw, rows, tx, e);
+        return run;
+    }, shape);
 }
 
 }  // namespace
@@ -167,8 +189,10 @@ void register_kernels(py::module_ & m) {
           py::arg("n_head"),
           "Aural's decoder self-attention: q (n_q, n_state), k and v (n_ctx, n_state) held as f16, visible "
           "(n_q, n_ctx) bool -> (n_q, n_state); a row that sees no cell gets zeros.");
-    m.def("kernel_int8_matmul", &int8_product, py::arg("w"), py::arg("x"),
-          "Aural's int8 product: w (rows, cols) quantised per row, x (m, cols) per column -> x w^T (m, rows).");
+    m.def("kernel_int8_matmul", &int8_product, py::arg("w"), py::arg("x"), py::arg("bias") = py::none(),
+          py::arg("residual") = py::none(), py::arg("n_split") = 1,
+          "Aural's int8 product: w (rows, cols) quantised per row, x (m, cols) per column -> residual + (x w^T + "
+          "bias) (m, rows); with n_split > 1, (n_split, m, rows / n_split): the rows' blocks side by side.");
 }
 
 }  // namespace aural::bindings
