@@ -506,9 +506,10 @@ def _add_models(subparsers: Any) -> None:
     remove.add_argument("name", metavar="NAME")
     remove.set_defaults(run=_run_models_rm)
     convert = actions.add_parser(
-        "convert", help="convert a Whisper model (CTranslate2 or Hugging Face directory, whisper.cpp .bin) to GGUF")
+        "convert", help="convert a Whisper model (CTranslate2 or Hugging Face directory, whisper.cpp .bin) or a "
+                        "Qwen3-ASR checkpoint directory to GGUF")
     convert.add_argument("src", metavar="SRC", help="CTranslate2 or Hugging Face Whisper directory, whisper.cpp "
-                         "ggml .bin, or a known model name (the format is detected)")
+                         "ggml .bin, Qwen3-ASR checkpoint directory, or a known model name (the format is detected)")
     convert.add_argument("--type", dest="wtype", choices=list(_WEIGHT_TYPES), default="f16",
                          help="weight type of the matrices (default: f16)")
     convert.add_argument("-o", "--output", type=Path, metavar="OUT", help="output .gguf path (default: the cache)")

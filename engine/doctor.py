@@ -31,7 +31,13 @@ def report() -> dict[str, Any]:
     report["packages"] = {name: _package_status(module) for name, module in _DOCTOR_PACKAGES.items()}
     report["audio_input"] = _audio_input_status()
     report["model"] = _model_status()
+    report["architectures"] = dict(_ARCHITECTURES)
     return report
+
+
+# Model architectures (GGUF general.architecture) and what Aural does with each: the native loader runs
+# "whisper"; Qwen3-ASR checkpoints convert to GGUF (models/qwen3_asr.py) while its graphs are built (#23).
+_ARCHITECTURES = {"whisper": "runs", "qwen3-asr": "converts (aural models convert), does not run yet"}
 
 
 # name shown -> module imported; PySide6.QtWidgets rather than PySide6 because it is the import that
@@ -154,7 +160,8 @@ def format_report(report: dict[str, Any]) -> str:
     model = report["model"]
     converted = f"converted: {', '.join(model['converted'])}" if model["converted"] else "not converted yet"
     rows += [("model cache", model["cache_dir"]),
-             ("default model", f"{model['default']} ({converted}{'' if model['installed'] else ', not installed'})")]
+             ("default model", f"{model['default']} ({converted}{'' if model['installed'] else ', not installed'})"),
+             ("architectures", "; ".join(f"{name}: {what}" for name, what in report["architectures"].items()))]
     width = max(len(label) for label, _ in rows)
     lines = [f"{label:<{width}}  {value}" for label, value in rows]
     return "\n".join(lines + ["", "devices:", _device_table(report["devices"])])

@@ -323,6 +323,7 @@ def test_doctor_json(cli_env):
     assert report["packages"]["numpy"]["available"] is True
     assert isinstance(report["audio_input"]["available"], bool) and report["audio_input"]["detail"]
     assert report["model"]["cache_dir"].startswith(cli_env["AURAL_CACHE_DIR"])
+    assert report["architectures"]["whisper"] == "runs" and "qwen3-asr" in report["architectures"]
 
 
 def test_doctor_text(cli_env):
@@ -330,7 +331,7 @@ def test_doctor_text(cli_env):
     proc = run_cli(cli_env, "doctor")
     assert proc.returncode == 0, proc.stderr
     for label in ("ggml", "selected device", "device process", "cpu features", "aural cpu kernels", "default threads",
-                  "numpy", "audio input", "model cache", "default model", "devices:", "WEIGHT TYPES"):
+                  "numpy", "audio input", "model cache", "default model", "architectures", "devices:", "WEIGHT TYPES"):
         assert label in proc.stdout
 
 

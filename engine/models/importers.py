@@ -123,8 +123,13 @@ def read_source(path: str | Path) -> WhisperSource:
 
 
 def convert_model(src: str | Path, out_path: str | Path, *, wtype: str = "f16", name: str | None = None) -> Path:
-    """Convert any supported source to one GGUF at out_path (written atomically); return the path."""
+    """Convert any supported source, a Qwen3-ASR checkpoint included, to one GGUF at out_path (written
+    atomically); return the path."""
+    from aural.engine.models.qwen3_asr import convert_qwen3_asr, is_qwen3_asr  # it reads safetensors with ours
+
     check_wtype(wtype)
+    if is_qwen3_asr(src):
+        return convert_qwen3_asr(src, out_path, wtype=wtype, name=name)
     return write_gguf(read_source(src), out_path, wtype=wtype, name=name)
 
 

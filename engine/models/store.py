@@ -51,6 +51,7 @@ from aural.engine.models.catalog import CatalogEntry, find_entry, is_safe_name, 
 from aural.engine.models.convert import FILE_TYPES, HPARAM_KEYS, WEIGHT_TYPES, check_wtype, convert_ct2, file_sha256
 from aural.engine.models.download import download, partial_path
 from aural.engine.models.importers import FORMATS, convert_model, source_format, source_sha256
+from aural.engine.models.qwen3_asr import is_qwen3_asr
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -215,7 +216,8 @@ def _bundled(name: str, wtype: str) -> Path:
 def _resolve_source(path: Path, wtype: str) -> Path:
     """The cached GGUF of a model directory or ggml file, keyed by its format and the sha256 of its weights."""
     # 16 hex digits (64 bits) of the source hash keep different exports apart without long file names.
-    key = f"{FORMATS[source_format(path)]}-{source_sha256(path)[:16]}"
+    kind = "qwen3-asr" if is_qwen3_asr(path) else FORMATS[source_format(path)]
+    key = f"{kind}-{source_sha256(path)[:16]}"
     return _cached(cache_dir() / f"{key}-{wtype}.gguf", lambda out: convert_model(path, out, wtype=wtype))
 
 

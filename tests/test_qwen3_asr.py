@@ -1,0 +1,197 @@
+"""Qwen3-ASR (issue #23): the checkpoint converter.
+
+A checkpoint in the official layout is made here with numpy (random weights of a small configuration, bf16
+like the official release, a byte-level tokenizer with the special tokens after it), converted, and read
+back with gguf-py's reader: every hyper-parameter comes from the files, every tensor survives within its
+storage type's rounding. The official code's own tensor names are checked where the reference venv
+(`make qwen-reference`, tools/qwen-reference) exists.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+from tokenizers import Tokenizer
+
+from aural.engine.errors import ModelError
+from aural.engine.models.importers import _byte_to_unicode, convert_model
+from aural.engine.models.qwen3_asr import ARCH, plan, read_hparams, read_qwen3_asr
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_PYTHON = ROOT / "build" / "qwen-reference" / "bin" / "python"
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>"]
+N_TEXT = 256 + 3  # the 256 bytes and three merges
+
+
+def _config(n_vocab: int) -> dict:
+    audio = {"num_mel_bins": 128, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 128,
+             "d_model": 64, "max_source_positions": 1500, "n_window": 50, "n_window_infer": 800, "output_dim": 96,
+             "downsample_hidden_size": 32, "activation_function": "gelu", "scale_embedding": False}
+    text = {"vocab_size": n_vocab, "hidden_size": 96, "intermediate_size": 160, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000, "hidden_act": "silu", "tie_word_embeddings": True, "attention_bias": False,
+            "rope_scaling": {"mrope_section": [6, 5, 5], "interleaved": True, "rope_type": "default"}}
+    return {"model_type": "qwen3_asr", "architectures": ["Qwen3ASRForConditionalGeneration"],
+            "thinker_config": {"audio_config": audio, "text_config": text, "audio_token_id": N_TEXT + 5,
+                               "audio_start_token_id": N_TEXT + 3, "user_token_id": 20}}
+
+
+def _bf16(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (round to nearest even), as torch stores them; safetensors' numpy API has no
+    bf16, so the file is written as uint16 and its header's dtype patched."""
+    bits = values.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def make_checkpoint(directory: Path, *, seed: int = 0, edit=None) -> dict[str, np.ndarray]:
+    """A random checkpoint of _config in the official layout; returns the float32 values of its tensors
+    (bf16-exact). `edit(config)` may change the config before the weights are made from it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    n_vocab = N_TEXT + len(SPECIALS) + 2  # two unused ids at the end, as the real vocabulary has
+    config = _config(n_vocab)
+    if edit:
+        edit(config)
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [N_TEXT, N_TEXT + 2]}))
+    (directory / "preprocessor_config.json").write_text(json.dumps(
+        {"feature_size": 128, "sampling_rate": 16000, "hop_length": 160, "n_fft": 400}))
+    alphabet = _byte_to_unicode()
+    vocab = {alphabet[b]: b for b in range(256)}
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
+    for i, (a, b) in enumerate(merges):
+        vocab[a + b] = 256 + i
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    added = {str(N_TEXT + i): {"content": s, "special": True} for i, s in enumerate(SPECIALS)}
+    (directory / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": added}))
+    rng = np.random.default_rng(seed)
+    values, stored = {}, {}
+    for name, (shape, _) in plan(read_hparams(directory)).items():
+        bits = _bf16(rng.normal(0, 0.5, shape))
+        values[name] = (bits.astype(np.uint32) << 16).view(np.float32)
+        stored[f"thinker.{name}"] = bits
+    path = directory / "model.safetensors"
+    save_file(stored, str(path))
+    raw = path.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + size])
+    for entry in header.values():
+        if isinstance(entry, dict) and entry.get("dtype") == "U16":
+            entry["dtype"] = "BF16"
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # the data offsets are relative to the header's end: only its size changes
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + size:])
+    return values
+
+
+def _field(reader: gguf.GGUFReader, key: str):
+    field = reader.fields[key]
+    value = field.parts[field.data[0]]
+    return bytes(value).decode() if field.types[0] == gguf.GGUFValueType.STRING else value.tolist()[0]
+
+
+def test_qwen3_asr_checkpoint_converts_with_every_value_from_its_files(tmp_path):
+    values = make_checkpoint(tmp_path / "ckpt")
+    out = convert_model(tmp_path / "ckpt", tmp_path / "q.gguf", wtype="f16")
+    reader = gguf.GGUFReader(out)
+    assert _field(reader, "general.architecture") == ARCH
+    assert _field(reader, f"{ARCH}.audio.embedding_length") == 64
+    assert _field(reader, f"{ARCH}.audio.n_window_infer") == 800
+    assert _field(reader, f"{ARCH}.text.head_count_kv") == 2
+    assert _field(reader, f"{ARCH}.text.rope_theta") == 1e6
+    assert _field(reader, f"{ARCH}.token.audio") == N_TEXT + 5
+    assert reader.fields[f"{ARCH}.token.eos"].contents() == [N_TEXT, N_TEXT + 2]
+    assert reader.fields[f"{ARCH}.text.mrope_section"].contents() == [6, 5, 5]
+    tensors = {t.name: t for t in reader.tensors}
+    assert set(tensors) == set(values)  # tied: no lm_head
+    assert "lm_head.weight" not in tensors
+    for name, expected in values.items():
+        t = tensors[name]
+        got = np.asarray(t.data).astype(np.float32).reshape(expected.shape)
+        if t.tensor_type == gguf.GGMLQuantizationType.F32:  # norms and biases: exact
+            assert np.array_equal(got, expected), name
+        else:  # f16: bf16's 8-bit mantissa fits f16's 11 bits, so only values under f16's normal range move
+            assert np.allclose(got, expected, rtol=0, atol=2.0**-24), name
+    assert tensors["audio_tower.conv2d1.weight"].tensor_type == gguf.GGMLQuantizationType.F16
+
+
+def test_qwen3_asr_tokenizer_has_the_specials_at_their_ids(tmp_path):
+    make_checkpoint(tmp_path / "ckpt")
+    tokenizer = Tokenizer.from_str(read_qwen3_asr(tmp_path / "ckpt").tokenizer_json)
+    for i, special in enumerate(SPECIALS):
+        assert tokenizer.token_to_id(special) == N_TEXT + i
+    ids = tokenizer.encode("<|im_start|>the hat").ids
+    assert ids[0] == N_TEXT + 1 and 256 + 1 in ids  # "the" takes the merge "h e"
+    assert tokenizer.decode(tokenizer.encode(" the héllo").ids) == " the héllo"
+
+
+def test_qwen3_asr_q8_0_rounds_each_block_within_its_step(tmp_path):
+    values = make_checkpoint(tmp_path / "ckpt", seed=1)
+    reader = gguf.GGUFReader(convert_model(tmp_path / "ckpt", tmp_path / "q8.gguf", wtype="q8_0"))
+    t = next(t for t in reader.tensors if t.name == "model.layers.0.mlp.gate_proj.weight")
+    assert t.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    got = gguf.quants.dequantize(t.data, t.tensor_type).reshape(values[t.name].shape)
+    blocks = values[t.name].reshape(-1, 32)
+    # q8_0 (ggml quantize_row_q8_0): step d = amax / 127 per 32 values, q = round(x / d), stored with d
+    # rounded to f16 (relative error 2^-11): |x - q d16| <= d / 2 + 127 d 2^-11.
+    step = np.abs(blocks).max(axis=1, keepdims=True) / 127
+    err = np.abs(got.reshape(-1, 32) - blocks)
+    assert np.all(err <= step / 2 + 127 * step * 2.0**-11 + 1e-7)
+    assert err.max() > 0.4 * step.max()  # quantised: rounded to steps, not stored exactly
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["thinker_config"]["text_config"].pop("rope_theta"), "text_config.rope_theta"),
+    (lambda c: c["thinker_config"]["audio_config"].update(activation_function="relu"), "activation_function"),
+    (lambda c: c["thinker_config"].pop("audio_token_id"), "audio_token_id"),
+    (lambda c: c["thinker_config"]["text_config"]["rope_scaling"].update(mrope_section=[8, 8, 8]), "mrope_section"),
+])
+def test_qwen3_asr_config_without_a_value_is_refused_by_name(tmp_path, edit, message):
+    make_checkpoint(tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    edit(config)
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=message):
+        read_qwen3_asr(tmp_path / "ckpt")
+
+
+def test_qwen3_asr_weights_of_another_shape_are_refused(tmp_path):
+    make_checkpoint(tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    config["thinker_config"]["text_config"]["intermediate_size"] = 192
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=r"gate_proj.weight' has shape \(160, 96\); the config implies \(192, 96\)"):
+        read_qwen3_asr(tmp_path / "ckpt")
+
+
+def test_aural_models_convert_takes_a_qwen3_asr_checkpoint(tmp_path):
+    make_checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "out.gguf"
+    proc = subprocess.run([sys.executable, "-m", "aural.engine.cli", "models", "convert", str(tmp_path / "ckpt"),
+                           "--type", "q8_0", "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(out)
+    assert _field(gguf.GGUFReader(out), "general.file_type") == int(gguf.LlamaFileType.MOSTLY_Q8_0)
+
+
+@pytest.mark.skipif(not REFERENCE_PYTHON.is_file(), reason="needs the reference venv: make qwen-reference")
+def test_qwen3_asr_official_checkpoint_layout_converts(tmp_path):
+    """A checkpoint saved by Qwen's own code (qwen-asr's Qwen3ASRForConditionalGeneration.save_pretrained, random
+    weights) converts, and every tensor of its state dict is in the GGUF with its values."""
+    ckpt = tmp_path / "official"
+    subprocess.run([str(REFERENCE_PYTHON), str(ROOT / "tools" / "qwen-reference" / "reference.py"),
+                    "make-checkpoint", str(ckpt), "--shape", "tiny", "--seed", "3"], check=True, timeout=600)
+    reader = gguf.GGUFReader(convert_model(ckpt, tmp_path / "official.gguf", wtype="f32"))
+    source = read_qwen3_asr(ckpt)
+    tensors = {t.name: t for t in reader.tensors}
+    assert set(tensors) == set(source.tensors)
+    for name, (data, _) in source.tensors.items():
+        got = np.asarray(tensors[name].data).reshape(data.shape)
+        assert np.array_equal(got, np.asarray(data, dtype=np.float32)), name
