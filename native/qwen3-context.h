@@ -1,0 +1,54 @@
+// One Qwen3-ASR decoding session: the text decoder's KV arena in device memory (kv-cache.h; grouped-query,
+// n_head_kv heads per layer, no cross-attention rows) and the compute that runs the decoder's graphs
+// (qwen3-graph.h) on it. A prompt is decoded in one batch, each new token in one step; the K/V rows of every
+// token are appended in place and never leave the arena.
+//
+//   aural::qwen3_context c(*model, /*n_ctx=*/1024);
+//   c.decode(prompt.data(), n, audio.data(), n_audio, logits.data(), /*all=*/false);  // prefill
+//   c.decode(&next, 1, nullptr, 0, logits.data(), false);                           // one step
+//
+// Thread-safety: one thread at a time; the model may be shared by contexts on other threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "kv-cache.h"
+#include "qwen3-model.h"
+
+namespace aural {
+
+class qwen3_context {
+  public:
+    // n_ctx: the most tokens (prompt, audio and text) the session holds; kv_type: f16 (the default, half the
+    // bytes) or f32 (for comparisons with an f32 reference: no rounding of K and V).
+    qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv_type = GGML_TYPE_F16);
+    ~qwen3_context();
+    qwen3_context(const qwen3_context &) = delete;
+    qwen3_context & operator=(const qwen3_context &) = delete;
+
+    // Appends tokens[0..n) at positions n_past() ..; `audio` [n_audio][n_state] replaces the embeddings of the
+    // tokens equal to the audio token, in order (their count must be n_audio). Writes the logits of the last
+    // token [n_vocab], or with `all` of every token [n][n_vocab]. Throws std::invalid_argument for bad input
+    // and std::length_error when the arena would overflow (nothing is appended then).
+    void decode(const int32_t * tokens, int64_t n, const float * audio, int64_t n_audio, float * logits, bool all);
+    uint32_t n_past() const { return n_past_; }
+    void clear();  // forget every token
+    const kv_cache & kv() const { return *kv_; }
+    size_t compute_bytes() const;
+
+  private:
+    void run(const int32_t * tokens, int64_t n, const std::vector<int32_t> & pos, const std::vector<int64_t> & cells,
+             const float * audio, int64_t n_audio, const std::vector<int64_t> & audio_rows, float * logits, bool all);
+
+    const qwen3_model & m_;
+    std::unique_ptr<kv_cache> kv_;
+    ggml_backend_t backend_ = nullptr;
+    ggml_gallocr_t galloc_ = nullptr;
+    uint32_t n_past_ = 0;
+};
+
+}  // namespace aural
