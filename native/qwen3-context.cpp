@@ -1,5 +1,6 @@
 #include "qwen3-context.h"
 
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -10,13 +11,15 @@
 
 namespace aural {
 
-qwen3_context::qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv_type) : m_(m) {
+qwen3_context::qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv_type, kv_mode mode)
+    : m_(m), mode_(mode) {
     if (kv_type != GGML_TYPE_F16 && kv_type != GGML_TYPE_F32) {
         throw std::invalid_argument("the KV arena holds f16 or f32");
     }
     const auto & tx = m.hp.text;
     const kv_dims dims{tx.n_layer, tx.n_head_kv, tx.n_head_kv * tx.head_dim, 0};
     kv_ = std::make_unique<kv_cache>(m.dev, dims, n_ctx, 1, kv_type);
+    if (mode_ == kv_mode::host) kv_->enable_host_mirror();
     backend_ = ggml_backend_dev_init(m.dev, nullptr);
     if (!backend_) {
         throw std::runtime_error("cannot initialise ggml's CPU backend");
@@ -96,8 +99,25 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
         ggml_backend_tensor_set(g.audio, audio, 0, ggml_nbytes(g.audio));
         ggml_backend_tensor_set(g.audio_rows, audio_rows.data(), 0, ggml_nbytes(g.audio_rows));
     }
+    using clock = std::chrono::steady_clock;
+    auto ms_since = [](clock::time_point t0) {
+        return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    };
+    last_ = {};
+    auto t0 = clock::now();
+    if (mode_ == kv_mode::host) {
+        last_.kv_io_bytes += kv_->host_upload_self(n_past_);  // the history; the graph writes the new rows
+        last_.kv_io_ms += ms_since(t0);
+    }
+    t0 = clock::now();
     if (ggml_backend_graph_compute(backend_, g.gf) != GGML_STATUS_SUCCESS) {
         throw std::runtime_error("the Qwen3 decoder's graph failed to compute");
+    }
+    last_.compute_ms = ms_since(t0);
+    if (mode_ == kv_mode::host) {  // one sequence: its new cells are the rows after the history
+        t0 = clock::now();
+        last_.kv_io_bytes += kv_->host_download_self(static_cast<uint32_t>(cells.front()), static_cast<uint32_t>(n));
+        last_.kv_io_ms += ms_since(t0);
     }
     ggml_backend_tensor_get(g.logits, logits, 0, ggml_nbytes(g.logits));
 }

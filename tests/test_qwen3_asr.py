@@ -191,6 +191,30 @@ def test_aural_models_convert_takes_a_qwen3_asr_checkpoint(tmp_path):
     assert _field(gguf.GGUFReader(out), "general.file_type") == int(gguf.LlamaFileType.MOSTLY_Q8_0)
 
 
+def test_qwen3_asr_host_kv_mode_moves_the_history_and_changes_no_bit(tmp_path):
+    """kv_mode='host' (the baseline that keeps the K/V history on the host) uploads the whole history before
+    every call and reads the new rows back: the same logits bit for bit as the arena kept on the device, and
+    the traffic of 2 (K, V) x layers x rows x 2 K/V heads x head_dim 32 x 2 bytes per row."""
+    make_checkpoint(tmp_path / "ckpt")
+    model = _native.Qwen3Model(str(convert_model(tmp_path / "ckpt", tmp_path / "q.gguf", wtype="f16")))
+    audio_token = model.audio_token
+    prompt = np.array([N_TEXT + 1, 5, 6, N_TEXT + 3, audio_token, audio_token, N_TEXT + 4, 7], dtype=np.int32)
+    audio = np.random.default_rng(0).normal(0, 1, (2, model.n_state)).astype(np.float32)
+    runs = {}
+    for mode in ("device", "host"):
+        ctx = _native.Qwen3Context(model, n_ctx=64, kv_mode=mode)
+        logits = [ctx.decode(prompt, audio=audio)]
+        traffic = []
+        for _ in range(3):
+            logits.append(ctx.decode(np.array([logits[-1].argmax()], dtype=np.int32)))
+            traffic.append(ctx.last_timings["kv_io_bytes"])
+        runs[mode] = (np.array(logits), traffic)
+    assert np.array_equal(runs["device"][0], runs["host"][0])
+    assert runs["device"][1] == [0, 0, 0]
+    row = 2 * 2 * 2 * 32 * 2  # K and V, 2 layers, 2 heads of 32, f16
+    assert runs["host"][1] == [row * (len(prompt) + i + 1) for i in range(3)]  # the history up, one row back
+
+
 def _reference(*args: object) -> None:
     subprocess.run([str(REFERENCE_PYTHON), str(REFERENCE), *map(str, args)], check=True, timeout=600,
                    capture_output=True)

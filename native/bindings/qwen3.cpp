@@ -68,16 +68,20 @@ void register_qwen3(py::module_ & m) {
     py::class_<context_handle>(m, "Qwen3Context",
                                "A Qwen3-ASR decoding session: the text decoder's KV arena (n_ctx tokens, f16) kept "
                                "in the backend's memory. One thread at a time.")
-        .def(py::init([](std::shared_ptr<qwen3_model> model, uint32_t n_ctx, const std::string & kv_type) {
+        .def(py::init([](std::shared_ptr<qwen3_model> model, uint32_t n_ctx, const std::string & kv_type,
+                         const std::string & kv_mode) {
                  if (kv_type != "f16" && kv_type != "f32") {
                      throw std::invalid_argument("kv_type is f16 or f32, not " + kv_type);
                  }
+                 const auto mode = parse_kv_mode(kv_mode);
                  py::gil_scoped_release release;
                  auto ctx = std::make_unique<qwen3_context>(*model, n_ctx,
-                                                            kv_type == "f16" ? GGML_TYPE_F16 : GGML_TYPE_F32);
+                                                            kv_type == "f16" ? GGML_TYPE_F16 : GGML_TYPE_F32, mode);
                  return context_handle{std::move(model), std::move(ctx)};
              }),
-             py::arg("model"), py::kw_only(), py::arg("n_ctx") = 1024, py::arg("kv_type") = "f16")
+             py::arg("model"), py::kw_only(), py::arg("n_ctx") = 1024, py::arg("kv_type") = "f16",
+             py::arg("kv_mode") = "device",
+             "kv_mode 'host': the baseline that keeps the K/V history on the host and moves it every call.")
         .def("decode", &decode, py::arg("tokens"), py::kw_only(), py::arg("audio") = py::none(),
              py::arg("all_logits") = false,
              "Append `tokens` (int32) at the next positions; `audio` (n_audio, n_state) float32 replaces the audio "
@@ -87,7 +91,16 @@ void register_qwen3(py::module_ & m) {
         .def("clear", [](context_handle & s) { s.ctx->clear(); }, "Forget every token.")
         .def_property_readonly("n_past", [](const context_handle & s) { return s.ctx->n_past(); })
         .def_property_readonly("kv_bytes", [](const context_handle & s) { return s.ctx->kv().self_bytes(); })
-        .def_property_readonly("compute_bytes", [](const context_handle & s) { return s.ctx->compute_bytes(); });
+        .def_property_readonly("compute_bytes", [](const context_handle & s) { return s.ctx->compute_bytes(); })
+        .def_property_readonly("kv_mode", [](const context_handle & s) { return std::string(kv_mode_name(s.ctx->mode())); })
+        .def_property_readonly(
+            "last_timings",
+            [](const context_handle & s) {
+                const qwen3_timings & t = s.ctx->last();
+                return py::dict(py::arg("compute_ms") = t.compute_ms, py::arg("kv_io_ms") = t.kv_io_ms,
+                                py::arg("kv_io_bytes") = t.kv_io_bytes);
+            },
+            "The last decode call's compute_ms, kv_io_ms and kv_io_bytes (host mode's traffic).");
 }
 
 }  // namespace aural::bindings

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Qwen3-ASR's text decoder at the 0.6B shape (issue #23): prompt and per-token cost, KV on the device
+against the host baseline, per weight type.
+
+No real checkpoint is available, so the weights are random ones of the release's shape, made by Qwen's own code
+(tools/qwen-reference, `make qwen-reference`; 1.9 GB bf16, about 40 s and 6 GB of memory once) and converted
+by `aural models convert`. Timing does not depend on the values. The prompt is a transcription prompt of 30 s
+of audio as the official processor builds it: the system and user turns around 390 audio vectors (random
+here), 405 tokens in all. Each configuration runs in a process of its own (its peak RSS is its own): load,
+prompt batch, then --steps greedy steps.
+
+KV bytes per token: 2 (K, V) x 28 layers x 8 K/V heads x 128 x 2 bytes (f16) = 112 KiB. Host mode moves the
+whole history to the device before every call and the new rows back after it: the traffic a decoder pays
+that rebuilds its KV prefix every token (the design's 80.6 ms/token on one AMD GPU).
+
+    .venv/bin/python bench/qwen3_asr.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import CACHE, RESULTS, machine_info, md_table  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_PYTHON = ROOT / "build" / "qwen-reference" / "bin" / "python"
+N_AUDIO = 390  # 30 s: 3000 mel frames in 30 chunks of 100, 13 vectors each
+
+WORKER = r"""
+import json, resource, sys, time
+import numpy as np
+from tokenizers import Tokenizer
+from aural import _native
+import gguf
+
+path, kv_mode, steps, n_audio = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+t = time.perf_counter()
+model = _native.Qwen3Model(path, n_threads=2)
+load_s = time.perf_counter() - t
+field = gguf.GGUFReader(path).fields["tokenizer.huggingface.json"]
+tok = Tokenizer.from_str(bytes(field.parts[field.data[0]]).decode())
+ids = lambda text: tok.encode(text, add_special_tokens=False).ids
+prompt = (ids("<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|audio_start|>") + [model.audio_token] * n_audio
+          + ids("<|audio_end|><|im_end|>\n<|im_start|>assistant\n"))
+audio = np.random.default_rng(0).normal(0, 1, (n_audio, model.n_state)).astype(np.float32)
+ctx = _native.Qwen3Context(model, n_ctx=len(prompt) + steps + 8, kv_mode=kv_mode)
+t = time.perf_counter()
+logits = ctx.decode(np.array(prompt, dtype=np.int32), audio=audio)
+prefill_ms = (time.perf_counter() - t) * 1e3
+prefill = ctx.last_timings
+per_step = []
+for _ in range(steps):
+    t = time.perf_counter()
+    logits = ctx.decode(np.array([logits.argmax()], dtype=np.int32))
+    per_step.append({**ctx.last_timings, "wall_ms": (time.perf_counter() - t) * 1e3})
+mean = lambda k: sum(s[k] for s in per_step) / len(per_step)
+print(json.dumps({"load_s": load_s, "prompt_tokens": len(prompt), "prefill_ms": prefill_ms,
+                  "prefill_kv_io_ms": prefill["kv_io_ms"], "step_ms": mean("wall_ms"),
+                  "step_compute_ms": mean("compute_ms"), "step_kv_io_ms": mean("kv_io_ms"),
+                  "step_kv_io_mib": mean("kv_io_bytes") / 2**20, "kv_bytes": ctx.kv_bytes,
+                  "weights_mib": model.weights_bytes / 2**20,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def checkpoint(path: Path) -> Path:
+    if not (path / "model.safetensors").is_file():
+        if not REFERENCE_PYTHON.is_file():
+            raise SystemExit("no checkpoint at {path} and no reference venv to make one: make qwen-reference")
+        subprocess.run([str(REFERENCE_PYTHON), str(ROOT / "tools" / "qwen-reference" / "reference.py"),
+                        "make-checkpoint", str(path), "--shape", "0.6b", "--seed", "0"], check=True)
+    return path
+
+
+def gguf_of(ckpt: Path, wtype: str) -> Path:
+    out = CACHE / "qwen3" / f"{ckpt.name}-{wtype}.gguf"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "aural.engine.cli", "models", "convert", str(ckpt), "--type", wtype,
+                        "-o", str(out)], check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def run_once(path: Path, kv_mode: str, steps: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", WORKER, str(path), kv_mode, str(steps), str(N_AUDIO)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", type=Path, default=ROOT / "build" / "qref" / "0.6b")
+    p.add_argument("--wtypes", default="f16,q8_0")
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--name", default="qwen3-asr")
+    args = p.parse_args(argv)
+    ckpt = checkpoint(args.ckpt)
+    configs = [(w, mode) for w in args.wtypes.split(",") for mode in ("device", "host")]
+    runs: dict[str, list[dict]] = {f"{w}/{m}": [] for w, m in configs}
+    for r in range(args.rounds):  # interleaved
+        for w, mode in configs:
+            runs[f"{w}/{mode}"].append(run_once(gguf_of(ckpt, w), mode, args.steps))
+            print(f"round {r + 1} {w}/{mode}: {runs[f'{w}/{mode}'][-1]['step_ms']:.2f} ms/token", flush=True)
+    med = {k: {f: statistics.median(run[f] for run in v) for f in v[0]} for k, v in runs.items()}
+    rows = [[k, f"{m['weights_mib']:.0f}", m["prompt_tokens"], f"{m['prefill_ms']:.0f}", f"{m['step_ms']:.1f}",
+             f"{m['step_compute_ms']:.1f}", f"{m['step_kv_io_ms']:.2f}", f"{m['step_kv_io_mib']:.1f}",
+             f"{m['kv_bytes'] / 2**20:.1f}", f"{m['peak_rss_mib']:.0f}"] for k, m in med.items()]
+    table = md_table(["weights / KV mode", "weights MiB", "prompt tokens", "prompt ms", "ms/token",
+                      "compute ms/token", "KV I/O ms/token", "KV MiB moved/token", "KV arena MiB", "peak RSS MiB"],
+                     rows)
+    meta = {**machine_info(), "rounds": args.rounds, "steps": args.steps, "checkpoint": str(ckpt)}
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "runs": runs, "median": med}, indent=1))
+    text = (f"# Qwen3-ASR text decoder, 0.6B shape (random weights)\n\n{meta['cpu']}, 2 threads, CPU backend; "
+            f"median of {args.rounds} interleaved rounds, each a process: load, the prompt of a 30 s clip "
+            f"({N_AUDIO} audio vectors) in one batch, then {args.steps} greedy steps (ms/token: their mean, "
+            "wall time of the call). KV arena f16: 112 KiB per token. Host: the history goes up before every "
+            f"call and the new row comes back (the baseline).\n\n{table}\n")
+    (RESULTS / f"{args.name}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
