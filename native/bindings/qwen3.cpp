@@ -2,12 +2,15 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "bindings.h"
+#include "qwen3-audio.h"
 #include "qwen3-context.h"
 #include "qwen3-model.h"
 
@@ -19,6 +22,29 @@ namespace {
 
 using float_array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using int_array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+// The encoder keeps its model alive: Python may drop the model first.
+struct encoder_handle {
+    std::shared_ptr<qwen3_model> model;
+    std::unique_ptr<qwen3_audio_encoder> encoder;
+};
+
+py::array_t<float> encode(encoder_handle & self, const float_array & mel) {
+    const auto & au = self.model->hp.audio;
+    if (mel.ndim() != 2 || mel.shape(0) != au.n_mels || mel.shape(1) < 1) {
+        throw std::invalid_argument("mel must be float32 of shape (" + std::to_string(au.n_mels) + ", n_frames)");
+    }
+    const float * data = mel.data();
+    const int64_t n_frames = mel.shape(1);
+    std::vector<float> out;
+    {
+        py::gil_scoped_release release;
+        out = self.encoder->encode(data, n_frames);
+    }
+    py::array_t<float> result({static_cast<py::ssize_t>(out.size() / au.n_out), static_cast<py::ssize_t>(au.n_out)});
+    std::copy(out.begin(), out.end(), result.mutable_data());
+    return result;
+}
 
 // The context keeps its model alive: Python may drop the model first.
 struct context_handle {
@@ -64,6 +90,18 @@ void register_qwen3(py::module_ & m) {
         .def_property_readonly("eos_tokens", [](const qwen3_model & s) { return s.hp.eos_tokens; })
         .def_property_readonly("weights_bytes", [](const qwen3_model & s) { return s.weights_bytes; })
         .def_property_readonly("path", [](const qwen3_model & s) { return s.path; });
+
+    py::class_<encoder_handle>(m, "Qwen3AudioEncoder",
+                               "Qwen3-ASR's audio tower with its own CPU backend and compute buffer; one thread at a "
+                               "time.")
+        .def(py::init([](std::shared_ptr<qwen3_model> model) {
+                 py::gil_scoped_release release;
+                 auto encoder = std::make_unique<qwen3_audio_encoder>(*model);
+                 return encoder_handle{std::move(model), std::move(encoder)};
+             }),
+             py::arg("model"))
+        .def("encode", &encode, py::arg("mel"),
+             "The vectors (A, n_state) float32 of a 128-bin log-mel (n_mels, n_frames): one per 8 frames.");
 
     py::class_<context_handle>(m, "Qwen3Context",
                                "A Qwen3-ASR decoding session: the text decoder's KV arena (n_ctx tokens, f16) kept "

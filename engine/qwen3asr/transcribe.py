@@ -1,0 +1,114 @@
+"""File transcription with Qwen3-ASR as the official wrapper does it (qwen-asr 0.0.6,
+Qwen3ASRModel.transcribe): the audio in chunks of up to 20 minutes cut at a quiet point, each chunk's 128-bin
+log-mel through the audio tower, its vectors in one prompt, greedy decoding until an end-of-sequence token or
+512 new tokens, and the output parsed into language and text.
+
+    for chunk in transcribe_qwen3(model, samples, language="English"):
+        print(f"[{chunk.start:.1f}-{chunk.end:.1f}] {chunk.text}")
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from aural.engine.features import log_mel_spectrogram
+from aural.engine.qwen3asr.model import Qwen3AsrModel
+from aural.engine.qwen3asr.text import parse_output
+
+__all__ = ["MAX_CHUNK_S", "MAX_NEW_TOKENS", "Qwen3Chunk", "split_chunks", "transcribe_qwen3"]
+
+SAMPLE_RATE = 16000
+MAX_CHUNK_S = 1200.0  # utils.py MAX_ASR_INPUT_SECONDS: the most audio the wrapper hands the model at once
+MIN_CHUNK_S = 0.5     # MIN_ASR_INPUT_SECONDS: a shorter chunk is padded with silence to this length
+SEARCH_S = 5.0        # split_audio_into_chunks: a cut is sought within 5 s of the chunk's end ...
+QUIET_WINDOW_S = 0.1  # ... as the quietest 100 ms there (sum of |x|), at its quietest sample
+MAX_NEW_TOKENS = 512  # Qwen3ASRModel's default max_new_tokens
+
+
+@dataclass(frozen=True)
+class Qwen3Chunk:
+    """One chunk's transcript.
+
+    Attributes:
+        start, end: the chunk's place in the input, in seconds.
+        language: the language the model named (or the one forced), "" for none or no speech.
+        text: the transcript.
+        tokens: the generated ids, end-of-sequence left out.
+        prompt_tokens: the prompt's length (audio vectors included).
+        encode_ms: the audio tower's time; prefill_ms: the prompt batch's; step_ms: mean time per new token.
+    """
+
+    start: float
+    end: float
+    language: str
+    text: str
+    tokens: tuple[int, ...]
+    prompt_tokens: int
+    encode_ms: float
+    prefill_ms: float
+    step_ms: float
+
+
+def split_chunks(samples: np.ndarray, max_chunk_s: float = MAX_CHUNK_S) -> list[tuple[np.ndarray, float]]:
+    """(chunk, offset in s) pieces of at most about max_chunk_s, cut at a quiet point, that join back into
+    `samples` exactly; a piece shorter than MIN_CHUNK_S is padded with zeros (utils.split_audio_into_chunks)."""
+    samples = np.asarray(samples, dtype=np.float32)
+    total, max_len = len(samples), int(max_chunk_s * SAMPLE_RATE)
+    expand, window = int(SEARCH_S * SAMPLE_RATE), max(4, int(QUIET_WINDOW_S * SAMPLE_RATE))
+    pieces, start = [], 0
+    while total - start > max_len:
+        cut = start + max_len
+        left, right = max(start, cut - expand), min(total, cut + expand)
+        boundary = cut
+        if right - left > window:
+            loudness = np.abs(samples[left:right])
+            sums = np.convolve(loudness, np.ones(window, dtype=np.float32), mode="valid")
+            quietest = int(np.argmin(sums))
+            boundary = left + quietest + int(np.argmin(loudness[quietest:quietest + window]))
+        boundary = min(max(boundary, start + 1), total)
+        pieces.append((start, boundary))
+        start = boundary
+    pieces.append((start, total))
+    min_len = int(MIN_CHUNK_S * SAMPLE_RATE)
+    out = []
+    for begin, end in pieces:
+        piece = samples[begin:end]
+        if len(piece) < min_len:
+            piece = np.pad(piece, (0, min_len - len(piece)))
+        out.append((piece, begin / SAMPLE_RATE))
+    return out
+
+
+def transcribe_qwen3(model: Qwen3AsrModel, samples: np.ndarray, *, language: str | None = None, context: str = "",
+                     max_new_tokens: int = MAX_NEW_TOKENS, max_chunk_s: float = MAX_CHUNK_S,
+                     kv_mode: str = "device", kv_type: str = "f16") -> Iterator[Qwen3Chunk]:
+    """Chunks of 16 kHz mono `samples` transcribed in order (a lazy iterator). language: a name the model
+    knows ("English", "Chinese", ...) to force, or None to let it say; context: words to bias towards;
+    kv_mode "host": the baseline that moves the K/V history every token; kv_type "f32": an arena without
+    f16's rounding (comparisons with an f32 reference)."""
+    from aural import _native
+
+    for piece, offset in split_chunks(samples, max_chunk_s):
+        t0 = time.perf_counter()
+        audio = model.encode_audio(log_mel_spectrogram(piece, 128))
+        encode_ms = (time.perf_counter() - t0) * 1e3
+        prompt = model.prompt(len(audio), context=context, language=language)
+        ctx = _native.Qwen3Context(model.native, n_ctx=len(prompt) + max_new_tokens, kv_mode=kv_mode,
+                                   kv_type=kv_type)
+        logits = ctx.decode(np.asarray(prompt, dtype=np.int32), audio=audio)
+        prefill_ms = ctx.last_timings["compute_ms"] + ctx.last_timings["kv_io_ms"]
+        tokens, step_ms = [], 0.0
+        while (token := int(np.argmax(logits))) not in model.eos:
+            tokens.append(token)
+            if len(tokens) == max_new_tokens:
+                break
+            logits = ctx.decode(np.asarray([token], dtype=np.int32))
+            step_ms += ctx.last_timings["compute_ms"] + ctx.last_timings["kv_io_ms"]
+        found, text = parse_output(model.decode_text(tokens), forced_language=language)
+        yield Qwen3Chunk(start=offset, end=offset + len(piece) / SAMPLE_RATE, language=found, text=text,
+                         tokens=tuple(tokens), prompt_tokens=len(prompt), encode_ms=encode_ms,
+                         prefill_ms=prefill_ms, step_ms=step_ms / max(1, len(tokens) - 1))
