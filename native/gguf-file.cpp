@@ -1,10 +1,16 @@
 #include "gguf-file.h"
 
 #include <stdexcept>
+#include <string>
+#include <sys/stat.h>
 
 namespace aural {
 
 gguf_ptr open_gguf(const std::string & path, ggml_context ** tensors) {
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+        throw std::runtime_error(path + ": model file not found");
+    }
     gguf_init_params params = {/*.no_alloc =*/ true, /*.ctx =*/ tensors};
     gguf_ptr meta(gguf_init_from_file(path.c_str(), params));
     if (!meta) {
@@ -45,6 +51,54 @@ std::string shape_str(const ggml_tensor * t) {
         s += (i ? ", " : "") + std::to_string(t->ne[i]);
     }
     return s + "]";
+}
+
+ggml_tensor * require_tensor(ggml_context * tensors, const std::string & name, std::initializer_list<int64_t> ne,
+                             const std::string & path) {
+    ggml_tensor * t = ggml_get_tensor(tensors, name.c_str());
+    if (!t) {
+        throw std::runtime_error(path + ": missing tensor '" + name + "'");
+    }
+    int i = 0;
+    bool ok = ggml_n_dims(t) <= static_cast<int>(ne.size());
+    std::string expected;
+    for (int64_t want : ne) {
+        expected += (i ? ", " : "") + std::to_string(want);
+        ok = ok && t->ne[i++] == want;
+    }
+    if (!ok) {
+        throw std::runtime_error(path + ": tensor '" + name + "' has shape " + shape_str(t) + ", expected [" +
+                                 expected + "]");
+    }
+    return t;
+}
+
+ggml_backend_buffer_t read_host_weights(gguf_context * meta, ggml_context * tensors, ggml_backend_buffer_type_t buft,
+                                        const std::string & path) {
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(tensors, buft);
+    if (!buf) {
+        throw std::runtime_error(path + ": cannot allocate the weights (out of memory?)");
+    }
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    try {
+        file_ptr file(std::fopen(path.c_str(), "rb"));
+        if (!file) {
+            throw std::runtime_error(path + ": cannot open for reading");
+        }
+        const size_t data_offset = gguf_get_data_offset(meta);
+        for (int64_t i = 0; i < gguf_get_n_tensors(meta); ++i) {
+            ggml_tensor * t = ggml_get_tensor(tensors, gguf_get_tensor_name(meta, i));
+            const size_t nbytes = ggml_nbytes(t);
+            if (std::fseek(file.get(), static_cast<long>(data_offset + gguf_get_tensor_offset(meta, i)), SEEK_SET) != 0 ||
+                std::fread(t->data, 1, nbytes, file.get()) != nbytes) {
+                throw std::runtime_error(path + ": truncated (tensor '" + ggml_get_name(t) + "' is cut short)");
+            }
+        }
+    } catch (...) {
+        ggml_backend_buffer_free(buf);
+        throw;
+    }
+    return buf;
 }
 
 }  // namespace aural

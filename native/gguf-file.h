@@ -11,10 +11,12 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "ggml-backend.h"
 #include "ggml.h"
 #include "gguf.h"
 
@@ -30,7 +32,8 @@ struct file_closer {
 };
 using file_ptr = std::unique_ptr<FILE, file_closer>;
 
-// The file's metadata, its tensors' descriptions (no data) in a new context at *tensors.
+// The file's metadata, its tensors' descriptions (no data) in a new context at *tensors. Throws
+// std::runtime_error naming `path`: "model file not found", or not a readable GGUF.
 gguf_ptr open_gguf(const std::string & path, ggml_context ** tensors);
 
 // A 32-bit integer key (u32, or i32 as written by some tools); `kind` names the model the file should hold.
@@ -40,5 +43,15 @@ std::vector<uint32_t> gguf_u32_array(gguf_context * meta, const std::string & ke
 
 // "[384, 1500]": a tensor's shape for error messages, ggml ne order.
 std::string shape_str(const ggml_tensor * t);
+
+// The tensor `name` of `tensors`, of shape `ne` (ggml order; trailing dimensions of 1 may be left out).
+// Throws std::runtime_error naming `path` when it is missing or of another shape.
+ggml_tensor * require_tensor(ggml_context * tensors, const std::string & name, std::initializer_list<int64_t> ne,
+                             const std::string & path);
+
+// Allocates every tensor of `tensors` in one buffer of `buft`, which must be host memory (the CPU's), and reads
+// each one from the file straight into place. Returns the buffer, marked as weights; throws naming `path`.
+ggml_backend_buffer_t read_host_weights(gguf_context * meta, ggml_context * tensors, ggml_backend_buffer_type_t buft,
+                                        const std::string & path);
 
 }  // namespace aural

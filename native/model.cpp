@@ -7,7 +7,6 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
-#include <sys/stat.h>
 
 #include "attention.h"
 #include "backend.h"
@@ -58,10 +57,6 @@ std::vector<ggml_backend_buffer_type_t> extra_bufts(ggml_backend_dev_t dev) {
 }  // namespace
 
 std::unique_ptr<model> model::load(const std::string & path, const std::string & device, int n_threads) {
-    struct stat st {};
-    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-        throw std::runtime_error(path + ": model file not found");
-    }
     std::unique_ptr<model> m(new model());
     m->path = path;
     m->dev = select_device(device);
@@ -137,25 +132,7 @@ void model::read_hparams(gguf_context * meta) {
 }
 
 ggml_tensor * model::require(const std::string & name, std::initializer_list<int64_t> ne) {
-    ggml_tensor * t = ggml_get_tensor(ctx_, name.c_str());
-    if (!t) {
-        throw std::runtime_error(path + ": missing tensor '" + name + "'");
-    }
-    int i = 0;
-    bool ok = ggml_n_dims(t) <= static_cast<int>(ne.size());
-    for (int64_t want : ne) {
-        ok = ok && t->ne[i++] == want;
-    }
-    if (!ok) {
-        std::string expected = "[";
-        i = 0;
-        for (int64_t want : ne) {
-            expected += (i++ ? ", " : "") + std::to_string(want);
-        }
-        throw std::runtime_error(path + ": tensor '" + name + "' has shape " + shape_str(t) + ", expected " +
-                                 expected + "]");
-    }
-    return t;
+    return require_tensor(ctx_, name, ne, path);
 }
 
 void model::bind_tensors() {

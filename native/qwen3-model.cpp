@@ -2,7 +2,6 @@
 
 #include <stdexcept>
 #include <string>
-#include <sys/stat.h>
 
 #include "backend.h"
 #include "gguf-file.h"
@@ -28,10 +27,6 @@ int64_t find_key(gguf_context * meta, const std::string & k, gguf_type type, con
 }  // namespace
 
 std::unique_ptr<qwen3_model> qwen3_model::load(const std::string & path, int n_threads) {
-    struct stat st {};
-    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-        throw std::runtime_error(path + ": model file not found");
-    }
     ensure_backends_loaded();
     std::unique_ptr<qwen3_model> m(new qwen3_model());
     m->path = path;
@@ -96,22 +91,7 @@ void qwen3_model::read_hparams(gguf_context * meta) {
 }
 
 ggml_tensor * qwen3_model::require(const std::string & name, std::initializer_list<int64_t> ne) {
-    ggml_tensor * t = ggml_get_tensor(ctx_, name.c_str());
-    if (!t) {
-        throw std::runtime_error(path + ": missing tensor '" + name + "'");
-    }
-    int i = 0;
-    bool ok = ggml_n_dims(t) <= static_cast<int>(ne.size());
-    std::string expected;
-    for (int64_t want : ne) {
-        expected += (i ? ", " : "") + std::to_string(want);
-        ok = ok && t->ne[i++] == want;
-    }
-    if (!ok) {
-        throw std::runtime_error(path + ": tensor '" + name + "' has shape " + shape_str(t) + ", expected [" +
-                                 expected + "]");
-    }
-    return t;
+    return require_tensor(ctx_, name, ne, path);
 }
 
 void qwen3_model::bind_tensors() {
@@ -171,26 +151,8 @@ void qwen3_model::bind_tensors() {
 }
 
 void qwen3_model::read_weights(gguf_context * meta) {
-    weights_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_, ggml_backend_dev_buffer_type(dev));
-    if (!weights_) {
-        throw std::runtime_error(path + ": cannot allocate the weights (out of memory?)");
-    }
-    ggml_backend_buffer_set_usage(weights_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    weights_ = read_host_weights(meta, ctx_, ggml_backend_dev_buffer_type(dev), path);
     weights_bytes = ggml_backend_buffer_get_size(weights_);
-    file_ptr file(std::fopen(path.c_str(), "rb"));
-    if (!file) {
-        throw std::runtime_error(path + ": cannot open for reading");
-    }
-    const size_t data_offset = gguf_get_data_offset(meta);
-    for (int64_t i = 0; i < gguf_get_n_tensors(meta); ++i) {
-        ggml_tensor * t = ggml_get_tensor(ctx_, gguf_get_tensor_name(meta, i));
-        const size_t nbytes = ggml_nbytes(t);
-        // The CPU buffer is host memory: each tensor is read straight into place.
-        if (std::fseek(file.get(), static_cast<long>(data_offset + gguf_get_tensor_offset(meta, i)), SEEK_SET) != 0 ||
-            std::fread(t->data, 1, nbytes, file.get()) != nbytes) {
-            throw std::runtime_error(path + ": truncated (tensor '" + ggml_get_name(t) + "' is cut short)");
-        }
-    }
 }
 
 }  // namespace aural

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
-#include <sys/stat.h>
 
 #include "backend.h"
 #include "gguf-file.h"
@@ -152,10 +151,6 @@ void fill_pooling(int64_t n, int64_t seg_len, std::vector<float> & pool, std::ve
 }  // namespace
 
 std::unique_ptr<speaker_model> speaker_model::load(const std::string & path, int n_threads) {
-    struct stat st {};
-    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-        throw std::runtime_error(path + ": speaker model file not found");
-    }
     ensure_backends_loaded();
     std::unique_ptr<speaker_model> m(new speaker_model());
     m->path = path;
@@ -211,23 +206,9 @@ void speaker_model::read_hparams(gguf_context * meta) {
 }
 
 ggml_tensor * speaker_model::require(const std::string & name, std::initializer_list<int64_t> ne) {
-    ggml_tensor * t = ggml_get_tensor(ctx_, name.c_str());
-    if (!t) {
-        throw std::runtime_error(path + ": missing tensor '" + name + "'");
-    }
+    ggml_tensor * t = require_tensor(ctx_, name, ne, path);
     if (t->type != GGML_TYPE_F32) {
         throw std::runtime_error(path + ": tensor '" + name + "' is " + ggml_type_name(t->type) + ", expected f32");
-    }
-    int i = 0;
-    bool ok = ggml_n_dims(t) <= static_cast<int>(ne.size());
-    std::string expected = "[";
-    for (int64_t want : ne) {
-        expected += (i ? ", " : "") + std::to_string(want);
-        ok = ok && t->ne[i++] == want;
-    }
-    if (!ok) {
-        throw std::runtime_error(path + ": tensor '" + name + "' has shape " + shape_str(t) + ", expected " +
-                                 expected + "]");
     }
     return t;
 }
@@ -280,27 +261,9 @@ void speaker_model::bind_tensors() {
 }
 
 void speaker_model::read_weights(gguf_context * meta) {
-    weights_ = ggml_backend_alloc_ctx_tensors_from_buft(
-        ctx_, ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)));
-    if (!weights_) {
-        throw std::runtime_error(path + ": cannot allocate the weights (out of memory?)");
-    }
-    ggml_backend_buffer_set_usage(weights_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    weights_ = read_host_weights(meta, ctx_, ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)),
+                                 path);
     weights_bytes = ggml_backend_buffer_get_size(weights_);
-    file_ptr file(std::fopen(path.c_str(), "rb"));
-    if (!file) {
-        throw std::runtime_error(path + ": cannot open for reading");
-    }
-    const size_t data_offset = gguf_get_data_offset(meta);
-    for (int64_t i = 0; i < gguf_get_n_tensors(meta); ++i) {
-        ggml_tensor * t = ggml_get_tensor(ctx_, gguf_get_tensor_name(meta, i));
-        const size_t nbytes = ggml_nbytes(t);
-        // The CPU buffer is host memory: each tensor is read straight into place.
-        if (std::fseek(file.get(), static_cast<long>(data_offset + gguf_get_tensor_offset(meta, i)), SEEK_SET) != 0 ||
-            std::fread(t->data, 1, nbytes, file.get()) != nbytes) {
-            throw std::runtime_error(path + ": truncated (tensor '" + ggml_get_name(t) + "' is cut short)");
-        }
-    }
 }
 
 size_t speaker_model::graph_size() const {

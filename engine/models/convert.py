@@ -53,6 +53,7 @@ __all__ = [
     "file_sha256",
     "read_ct2",
     "whisper_hparams",
+    "write_file",
     "write_gguf",
 ]
 
@@ -669,27 +670,35 @@ def check_wtype(wtype: str) -> None:
         raise ModelError(f"Unknown weight type '{wtype}'; accepted: {', '.join(WEIGHT_TYPES)}.")
 
 
-def write_gguf(source: WhisperSource, out_path: str | Path, *, wtype: str = "f16", name: str | None = None) -> Path:
-    """Write source as one GGUF at out_path (atomically), matrices stored as wtype; return the path."""
-    check_wtype(wtype)
+def write_file(out: Path, arch: str, add_metadata: Callable[[gguf.GGUFWriter], None], tensors: list[_Tensor],
+               wtype: str) -> None:
+    """One GGUF at `out` (written atomically): `add_metadata`'s keys, then the tensors one at a time, each
+    converted from its source, stored as _storage_type gives for wtype, and dropped (peak memory: one tensor)."""
     quantize = _native_quantize() if wtype in _QUANTISED else None
-    start = time.perf_counter()
-    tensors = [(t, _storage_type(t, wtype)) for t in _plan(source)]
-    out = Path(out_path)
+    typed = [(t, _storage_type(t, wtype)) for t in tensors]
     with _atomic_output(out) as tmp:
-        writer = gguf.GGUFWriter(tmp, "whisper")
+        writer = gguf.GGUFWriter(tmp, arch)
         try:
-            _add_metadata(writer, source, wtype, name or default_name(source.hparams))
-            for t, qtype in tensors:
+            add_metadata(writer)
+            for t, qtype in typed:
                 shape, dtype, n_bytes = _layout(t.data.shape, qtype)
                 writer.add_tensor_info(t.name, shape, dtype, n_bytes, raw_dtype=qtype)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
-            for t, qtype in tensors:
+            for t, qtype in typed:
                 writer.write_tensor_data(_encode(t.data, qtype, quantize))
         finally:
             writer.close()
+
+
+def write_gguf(source: WhisperSource, out_path: str | Path, *, wtype: str = "f16", name: str | None = None) -> Path:
+    """Write source as one GGUF at out_path (atomically), matrices stored as wtype; return the path."""
+    check_wtype(wtype)
+    start = time.perf_counter()
+    out = Path(out_path)
+    write_file(out, "whisper", lambda w: _add_metadata(w, source, wtype, name or default_name(source.hparams)),
+               _plan(source), wtype)
     logger.info(
         "converted %s (%s) to %s (%s, %.1f MiB) in %.2f s",
         source.path, source.kind, out, wtype, out.stat().st_size / 2**20, time.perf_counter() - start,

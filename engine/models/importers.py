@@ -59,6 +59,8 @@ __all__ = [
     "FORMATS",
     "bpe_tokenizer_json",
     "convert_model",
+    "files_sha256",
+    "safetensors_lookup",
     "read_ggml_model",
     "read_hf",
     "read_source",
@@ -143,6 +145,11 @@ def source_sha256(path: str | Path) -> str:
         files = sorted(set(_hf_index(path).values()))
     else:
         files = [path]
+    return files_sha256(files)
+
+
+def files_sha256(files: list[Path]) -> str:
+    """Hex sha256 of the files' bytes read one after another; ModelError naming one that cannot be read."""
     digest = hashlib.sha256()
     for file in files:
         try:
@@ -452,18 +459,30 @@ def _ints(generation: dict[str, Any], config: dict[str, Any], key: str, director
 
 def _hf_lookup(directory: Path, index: dict[str, Path]) -> Callable[[str], tuple[SourceArray, str]]:
     # Both spellings occur: WhisperForConditionalGeneration prefixes "model.", a bare WhisperModel does not.
-    names = {name.removeprefix("model."): name for name in index}
-    headers: dict[Path, dict[str, Any]] = {}
+    find = safetensors_lookup(directory, index, "model.", "a complete Whisper model")
 
     def lookup(name: str) -> tuple[SourceArray, str]:
-        hf_name = _hf_tensor_name(name)
-        stored = names.get(hf_name)
+        values, stored, _ = find(_hf_tensor_name(name))
+        return values, stored
+
+    return lookup
+
+
+def safetensors_lookup(directory: Path, index: dict[str, Path], prefix: str,
+                       what: str) -> Callable[[str], tuple[LazyTensor, str, Path]]:
+    """A lookup of tensors by their stored name less `prefix`: (lazy values, stored name, file). ModelError
+    saying the directory is not `what` for a missing one."""
+    names = {name.removeprefix(prefix): name for name in index}
+    headers: dict[Path, dict[str, Any]] = {}
+
+    def lookup(name: str) -> tuple[LazyTensor, str, Path]:
+        stored = names.get(name)
         if stored is None:
-            raise ModelError(f"{directory} has no tensor '{hf_name}'; it is not a complete Whisper model.")
+            raise ModelError(f"{directory} has no tensor '{name}'; it is not {what}.")
         file = index[stored]
         if file not in headers:
             headers[file] = _safetensors_header(file)
-        return _hf_values(file, headers[file], stored), stored
+        return _hf_values(file, headers[file], stored), stored, file
 
     return lookup
 

@@ -19,7 +19,6 @@ so (tie_word_embeddings), and a lm_head.weight the checkpoint may still carry is
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -30,20 +29,8 @@ import gguf
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from aural.engine.errors import ModelError
-from aural.engine.models.convert import (
-    FILE_TYPES,
-    SourceArray,
-    _add_int32_array,
-    _atomic_output,
-    _encode,
-    _layout,
-    _native_quantize,
-    _QUANTISED,
-    _storage_type,
-    _Tensor,
-    check_wtype,
-)
-from aural.engine.models.importers import _hf_index, _hf_values, _read_json, _safetensors_header
+from aural.engine.models.convert import FILE_TYPES, SourceArray, _add_int32_array, _Tensor, check_wtype, write_file
+from aural.engine.models.importers import _hf_index, _read_json, files_sha256, safetensors_lookup
 
 __all__ = ["ARCH", "Qwen3AsrSource", "convert_qwen3_asr", "is_qwen3_asr", "plan", "read_hparams", "read_qwen3_asr",
            "write_qwen3_asr"]
@@ -52,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 ARCH = "qwen3-asr"
 _MODEL_TYPE = "qwen3_asr"
-_HASH_CHUNK = 1 << 20
 
 # GGUF key -> (file, path of keys in it, type). Types: "int" (> 0), "float" (> 0), "bool", "str".
 _AUDIO = "thinker_config.audio_config"
@@ -173,7 +159,7 @@ def read_qwen3_asr(path: str | Path) -> Qwen3AsrSource:
         path=directory, hparams=hp, mrope_section=section,
         eos_ids=_eos_ids(files["generation_config.json"], directory),
         tensors=_tensors(directory, index, hp), tokenizer_json=_tokenizer(directory, files["tokenizer_config.json"], hp),
-        sha256=_sha256(sorted(set(index.values()))))
+        sha256=files_sha256(sorted(set(index.values()))))
 
 
 def plan(hp: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -265,17 +251,10 @@ def _plan(hp: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
 
 def _tensors(directory: Path, index: dict[str, Path], hp: dict[str, Any]) -> dict[str, tuple[SourceArray, str]]:
     """The plan's tensors, read lazily from the safetensors files and checked for shape."""
-    names = {name.removeprefix("thinker."): name for name in index}
-    headers: dict[Path, dict[str, Any]] = {}
+    find = safetensors_lookup(directory, index, "thinker.", "a complete Qwen3-ASR checkpoint")
     out = {}
     for name, (shape, kind) in _plan(hp).items():
-        stored = names.get(name)
-        if stored is None:
-            raise ModelError(f"{directory} has no tensor 'thinker.{name}'; it is not a complete Qwen3-ASR checkpoint.")
-        file = index[stored]
-        if file not in headers:
-            headers[file] = _safetensors_header(file)
-        values = _hf_values(file, headers[file], stored)
+        values, stored, file = find(name)
         if tuple(values.shape) != shape:
             raise ModelError(f"{file} '{stored}' has shape {tuple(values.shape)}; the config implies {shape}.")
         out[name] = (values, kind)
@@ -323,40 +302,13 @@ def _tokenizer(directory: Path, tokenizer_config: dict[str, Any], hp: dict[str, 
     return tokenizer.to_str()
 
 
-def _sha256(files: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for file in files:
-        try:
-            with file.open("rb") as f:
-                while chunk := f.read(_HASH_CHUNK):
-                    digest.update(chunk)
-        except OSError as exc:
-            raise ModelError(f"Cannot read {file}: {exc.strerror or exc}.") from exc
-    return digest.hexdigest()
-
-
 def write_qwen3_asr(source: Qwen3AsrSource, out_path: str | Path, *, wtype: str = "f16", name: str | None = None) -> Path:
     """Write `source` as one GGUF at out_path (atomically), matrices stored as wtype; return the path."""
     check_wtype(wtype)
-    quantize = _native_quantize() if wtype in _QUANTISED else None
     start = time.perf_counter()
-    tensors = [_Tensor(n, data, kind) for n, (data, kind) in source.tensors.items()]
-    typed = [(t, _storage_type(t, wtype)) for t in tensors]
     out = Path(out_path)
-    with _atomic_output(out) as tmp:
-        writer = gguf.GGUFWriter(tmp, ARCH)
-        try:
-            _add_metadata(writer, source, wtype, name or source.path.name)
-            for t, qtype in typed:
-                shape, dtype, n_bytes = _layout(t.data.shape, qtype)
-                writer.add_tensor_info(t.name, shape, dtype, n_bytes, raw_dtype=qtype)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-            for t, qtype in typed:
-                writer.write_tensor_data(_encode(t.data, qtype, quantize))
-        finally:
-            writer.close()
+    write_file(out, ARCH, lambda w: _add_metadata(w, source, wtype, name or source.path.name),
+               [_Tensor(n, data, kind) for n, (data, kind) in source.tensors.items()], wtype)
     logger.info("converted %s (Qwen3-ASR) to %s (%s, %.1f MiB) in %.2f s", source.path, out, wtype,
                 out.stat().st_size / 2**20, time.perf_counter() - start)
     return out
