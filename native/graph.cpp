@@ -68,14 +68,8 @@ class mask_input : public graph_input {
     mask_input(ggml_tensor * t, size_t j) : t_(t), j_(j) {}
     void set_input(const decode_batch & b) override {
         const decode_batch & part = b.part(j_);
-        const int64_t n_kv = t_->ne[0];
-        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), neg_inf = ggml_fp32_to_fp16(-INFINITY);
-        std::vector<ggml_fp16_t> mask(n_kv * t_->ne[1], neg_inf);
-        for (uint32_t i = 0; i < part.n_tokens; ++i) {
-            for (int64_t c = 0; c < n_kv; ++c) {
-                if (part.kv->visible(static_cast<uint32_t>(c), part.seq[i], part.pos[i])) mask[i * n_kv + c] = zero;
-            }
-        }
+        std::vector<ggml_fp16_t> mask(ggml_nelements(t_));
+        part.kv->mask(part.seq.data(), part.pos.data(), part.n_tokens, mask.data());
         ggml_backend_tensor_set(t_, mask.data(), 0, ggml_nbytes(t_));
     }
     bool can_reuse(const decode_params & p) const override { return t_->ne[1] == part_of(p, j_).n_tokens; }

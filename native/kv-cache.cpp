@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -25,6 +26,16 @@ kv_dims whisper_dims(const hparams & hp, uint32_t n_cross) {
 }
 
 }  // namespace
+
+void kv_cells::mask(const int32_t * seq, const int32_t * at, int64_t n, ggml_fp16_t * out) const {
+    const int64_t n_ctx = static_cast<int64_t>(pos.size());
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), neg_inf = ggml_fp32_to_fp16(-INFINITY);
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t c = 0; c < n_ctx; ++c) {
+            out[i * n_ctx + c] = visible(static_cast<uint32_t>(c), seq[i], at[i]) ? zero : neg_inf;
+        }
+    }
+}
 
 kv_cache::kv_cache(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_ctx, uint32_t n_seq, ggml_type type,
                    std::shared_ptr<kv_pool> pool, uint32_t n_cross)

@@ -39,6 +39,9 @@ struct kv_cells {
     bool visible(uint32_t cell, int32_t seq, int32_t at) const {  // may a token of `seq` at `at` see it?
         return (seqs[cell] >> seq & 1u) && pos[cell] <= at;
     }
+    // The attention mask of n tokens (token i: sequence seq[i], position at[i]) over every cell, f16
+    // [n][n_ctx] as flash attention takes it: 0 where the token sees the cell, -inf elsewhere.
+    void mask(const int32_t * seq, const int32_t * at, int64_t n, ggml_fp16_t * out) const;
 };
 
 // One change to the bookkeeping; exactly one of the three parts is set.

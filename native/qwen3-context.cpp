@@ -86,14 +86,9 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
     ggml_backend_tensor_set(g.rope_cos, cos.data(), 0, ggml_nbytes(g.rope_cos));
     ggml_backend_tensor_set(g.rope_sin, sin.data(), 0, ggml_nbytes(g.rope_sin));
     ggml_backend_tensor_set(g.cells, cells.data(), 0, ggml_nbytes(g.cells));
-    const int64_t n_kv = kv_->n_ctx();
-    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), neg_inf = ggml_fp32_to_fp16(-INFINITY);
-    std::vector<ggml_fp16_t> mask(static_cast<size_t>(n_kv * n), neg_inf);
-    for (int64_t i = 0; i < n; ++i) {  // causal: a token sees the cells of positions up to its own
-        for (int64_t c = 0; c < n_kv; ++c) {
-            if (kv_->cells().visible(static_cast<uint32_t>(c), 0, pos[i])) mask[i * n_kv + c] = zero;
-        }
-    }
+    const std::vector<int32_t> seq(static_cast<size_t>(n), 0);  // one sequence; causal by position
+    std::vector<ggml_fp16_t> mask(ggml_nelements(g.mask));
+    kv_->cells().mask(seq.data(), pos.data(), n, mask.data());
     ggml_backend_tensor_set(g.mask, mask.data(), 0, ggml_nbytes(g.mask));
     if (n_audio > 0) {
         ggml_backend_tensor_set(g.audio, audio, 0, ggml_nbytes(g.audio));
