@@ -301,6 +301,12 @@ def _check(got: np.ndarray, want: np.ndarray, tol: np.ndarray, what: str) -> flo
     return float(ratio.max())
 
 
+def _tower(path, mel, *, n_layers=None, windows_per_graph=1):
+    """Aural's tower on `mel` with the GGUF at `path`, on 2 threads."""
+    model = _native.Qwen3Model(str(path), n_threads=2)
+    return _native.Qwen3AudioEncoder(model, windows_per_graph=windows_per_graph).encode(mel, n_layers=n_layers)
+
+
 def test_qwen_audio_mirror_is_the_official_function(tower):
     """The float64 mirror against the official float64 outputs at every stage, within both's f64 rounding:
     the mirror computes the official function (its chunks, positions, windows, layers), so its bounds apply."""
@@ -325,8 +331,7 @@ def test_qwen_audio_tower_matches_the_official_code(tower, wtype, windows):
         n = case.mel.shape[1]
         mirror, official = _stages(case.gguf[wtype]), _stages(case.official)
         for stage, layers in (("stem", 0), ("out", None)):
-            got = _native.qwen3_audio_tower(str(paths[wtype]), case.mel, n_threads=2, n_layers=layers,
-                                            windows_per_graph=windows)
+            got = _tower(paths[wtype], case.mel, n_layers=layers, windows_per_graph=windows)
             (x, v), want = mirror[stage], _official(case)[stage]
             what = f"{n} frames, {wtype}, {windows} windows per graph, {stage}"
             _check(got, x, _tol(v), f"{what}, Aural vs mirror")
@@ -340,7 +345,7 @@ def test_qwen_audio_f16_weights_against_f32(tower):
     paths, cases = tower
     for case in cases:
         (x16, v16), (x32, v32) = case.gguf["f16"][1], case.gguf["f32"][1]
-        got = {w: _native.qwen3_audio_tower(str(paths[w]), case.mel, n_threads=2) for w in ("f16", "f32")}
+        got = {w: _tower(paths[w], case.mel) for w in ("f16", "f32")}
         _check(got["f16"], got["f32"], _tol(v16) + _tol(v32) + np.abs(x16 - x32),
                f"{case.mel.shape[1]} frames, f16 vs f32 weights")
 
@@ -348,12 +353,12 @@ def test_qwen_audio_f16_weights_against_f32(tower):
 def test_qwen_audio_tower_rejects_bad_input(tower):
     paths, _ = tower
     with pytest.raises(ValueError, match="bins"):
-        _native.qwen3_audio_tower(str(paths["f32"]), np.zeros((80, 100), np.float32))
+        _tower(paths["f32"], np.zeros((80, 100), np.float32))
     with pytest.raises(ValueError, match="at least one"):
-        _native.qwen3_audio_tower(str(paths["f32"]), np.zeros((128, 0), np.float32))
+        _tower(paths["f32"], np.zeros((128, 0), np.float32))
     with pytest.raises(ValueError, match="layers"):
-        _native.qwen3_audio_tower(str(paths["f32"]), np.zeros((128, 10), np.float32), n_layers=3)
+        _tower(paths["f32"], np.zeros((128, 10), np.float32), n_layers=3)
     with pytest.raises(ValueError, match="windows_per_graph"):
-        _native.qwen3_audio_tower(str(paths["f32"]), np.zeros((128, 10), np.float32), windows_per_graph=0)
+        _tower(paths["f32"], np.zeros((128, 10), np.float32), windows_per_graph=0)
     with pytest.raises(RuntimeError, match="not found"):
-        _native.qwen3_audio_tower(str(paths["f32"]) + ".missing", np.zeros((128, 10), np.float32))
+        _tower(str(paths["f32"]) + ".missing", np.zeros((128, 10), np.float32))

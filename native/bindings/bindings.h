@@ -12,6 +12,5 @@ void register_model(pybind11::module_ & m);
 void register_context(pybind11::module_ & m);
 void register_speaker(pybind11::module_ & m);  // CAM++ speaker embeddings
 void register_qwen3(pybind11::module_ & m);    // Qwen3-ASR's text decoder and its KV arena
-void register_qwen3_audio(pybind11::module_ & m);  // Qwen3-ASR's audio tower, one call per clip
 
 }  // namespace aural::bindings

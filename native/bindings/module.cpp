@@ -35,5 +35,4 @@ PYBIND11_MODULE(_native, m) {
     aural::bindings::register_context(m);
     aural::bindings::register_speaker(m);
     aural::bindings::register_qwen3(m);
-    aural::bindings::register_qwen3_audio(m);
 }

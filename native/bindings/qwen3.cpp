@@ -1,4 +1,5 @@
-// aural._native.Qwen3Model and Qwen3Context: Qwen3-ASR's text decoder with its KV arena, on ggml's CPU backend.
+// aural._native.Qwen3Model, Qwen3AudioEncoder and Qwen3Context: Qwen3-ASR's weights, audio tower and text decoder
+// with its KV arena, on ggml's CPU backend.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -29,19 +30,21 @@ struct encoder_handle {
     std::unique_ptr<qwen3_audio_encoder> encoder;
 };
 
-py::array_t<float> encode(encoder_handle & self, const float_array & mel) {
+py::array_t<float> encode(encoder_handle & self, const float_array & mel, std::optional<int> n_layers) {
     const auto & au = self.model->hp.audio;
-    if (mel.ndim() != 2 || mel.shape(0) != au.n_mels || mel.shape(1) < 1) {
-        throw std::invalid_argument("mel must be float32 of shape (" + std::to_string(au.n_mels) + ", n_frames)");
+    if (mel.ndim() != 2 || mel.shape(0) != au.n_mels) {
+        throw std::invalid_argument("mel must be float32 of shape (n_mels, n_frames) with the model's " +
+                                    std::to_string(au.n_mels) + " bins");
     }
     const float * data = mel.data();
     const int64_t n_frames = mel.shape(1);
     std::vector<float> out;
     {
         py::gil_scoped_release release;
-        out = self.encoder->encode(data, n_frames);
+        out = self.encoder->encode(data, n_frames, n_layers.value_or(-1));
     }
-    py::array_t<float> result({static_cast<py::ssize_t>(out.size() / au.n_out), static_cast<py::ssize_t>(au.n_out)});
+    const int64_t width = n_layers ? au.n_state : au.n_out;
+    py::array_t<float> result({static_cast<py::ssize_t>(out.size() / width), static_cast<py::ssize_t>(width)});
     std::copy(out.begin(), out.end(), result.mutable_data());
     return result;
 }
@@ -94,14 +97,16 @@ void register_qwen3(py::module_ & m) {
     py::class_<encoder_handle>(m, "Qwen3AudioEncoder",
                                "Qwen3-ASR's audio tower with its own CPU backend and compute buffer; one thread at a "
                                "time.")
-        .def(py::init([](std::shared_ptr<qwen3_model> model) {
+        .def(py::init([](std::shared_ptr<qwen3_model> model, int windows_per_graph) {
                  py::gil_scoped_release release;
-                 auto encoder = std::make_unique<qwen3_audio_encoder>(*model);
+                 auto encoder = std::make_unique<qwen3_audio_encoder>(*model, windows_per_graph);
                  return encoder_handle{std::move(model), std::move(encoder)};
              }),
-             py::arg("model"))
-        .def("encode", &encode, py::arg("mel"),
-             "The vectors (A, n_state) float32 of a 128-bin log-mel (n_mels, n_frames): one per 8 frames.");
+             py::arg("model"), py::kw_only(), py::arg("windows_per_graph") = 1,
+             "windows_per_graph: attention windows (8 s each) computed by one graph.")
+        .def("encode", &encode, py::arg("mel"), py::kw_only(), py::arg("n_layers") = py::none(),
+             "The vectors (A, n_out) float32 of a 128-bin log-mel (n_mels, n_frames): one per 8 frames. n_layers: "
+             "stop after that many layers and return the hidden states (A, n_state) before ln_post (0: the stem).");
 
     py::class_<context_handle>(m, "Qwen3Context",
                                "A Qwen3-ASR decoding session: the text decoder's KV arena (n_ctx tokens, f16) kept "
