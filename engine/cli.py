@@ -302,7 +302,9 @@ def _transcribe_qwen3_file(model: Any, path: Path, args: argparse.Namespace) -> 
 
 
 def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: Any, diarizer: Any = None) -> None:
-    if type(model).__name__ == "Qwen3AsrModel":
+    from .qwen3asr import Qwen3AsrModel
+
+    if isinstance(model, Qwen3AsrModel):
         return _transcribe_qwen3_file(model, path, args)
     from .audio import load_audio
     from .speakers import DiarizeOptions, assign_speakers

@@ -162,12 +162,6 @@ def read_qwen3_asr(path: str | Path) -> Qwen3AsrSource:
         sha256=files_sha256(sorted(set(index.values()))))
 
 
-def plan(hp: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every tensor a checkpoint of these hyper-parameters holds (less "thinker."): name -> (PyTorch shape,
-    kind: "conv", "f32" or "matrix", convert's storage classes)."""
-    return _plan(hp)
-
-
 def _value(files: dict[str, dict], directory: Path, file: str, keys: str, kind: str) -> Any:
     value: Any = files[file]
     for key in keys.split("."):
@@ -190,28 +184,29 @@ def _eos_ids(generation: dict[str, Any], directory: Path) -> list[int]:
     return eos
 
 
-def _plan(hp: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every tensor the model needs: name -> (PyTorch shape, kind), from the hyper-parameters alone."""
+def plan(hp: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every tensor a checkpoint of these hyper-parameters holds (less "thinker."): name -> (PyTorch shape,
+    kind: "conv", "f32" or "matrix", convert's storage classes), from the hyper-parameters alone."""
     d, ffn, ch, n_out = (hp["audio.embedding_length"], hp["audio.feed_forward_length"], hp["audio.conv_channels"],
                          hp["audio.output_length"])
     freq = hp["audio.n_mels"]
     for _ in range(3):  # three 3x3 convolutions of stride 2 and padding 1 over the mel bins
         freq = (freq + 1) // 2
-    plan: dict[str, tuple[tuple[int, ...], str]] = {}
+    tensors: dict[str, tuple[tuple[int, ...], str]] = {}
     for i, c_in in enumerate((1, ch, ch), start=1):
-        plan[f"audio_tower.conv2d{i}.weight"] = ((ch, c_in, 3, 3), "conv")
-        plan[f"audio_tower.conv2d{i}.bias"] = ((ch,), "f32")
-    plan["audio_tower.conv_out.weight"] = ((d, ch * freq), "matrix")
+        tensors[f"audio_tower.conv2d{i}.weight"] = ((ch, c_in, 3, 3), "conv")
+        tensors[f"audio_tower.conv2d{i}.bias"] = ((ch,), "f32")
+    tensors["audio_tower.conv_out.weight"] = ((d, ch * freq), "matrix")
 
     def linear(name: str, n_o: int, n_i: int, bias: bool) -> None:
-        plan[f"{name}.weight"] = ((n_o, n_i), "matrix")
+        tensors[f"{name}.weight"] = ((n_o, n_i), "matrix")
         if bias:
-            plan[f"{name}.bias"] = ((n_o,), "f32")
+            tensors[f"{name}.bias"] = ((n_o,), "f32")
 
     def norm(name: str, n: int, bias: bool = True) -> None:
-        plan[f"{name}.weight"] = ((n,), "f32")
+        tensors[f"{name}.weight"] = ((n,), "f32")
         if bias:
-            plan[f"{name}.bias"] = ((n,), "f32")
+            tensors[f"{name}.bias"] = ((n,), "f32")
 
     for i in range(hp["audio.block_count"]):
         p = f"audio_tower.layers.{i}"
@@ -227,7 +222,7 @@ def _plan(hp: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
 
     h, inter, hd = hp["text.embedding_length"], hp["text.feed_forward_length"], hp["text.key_length"]
     n_q, n_kv, bias = hp["text.head_count"] * hd, hp["text.head_count_kv"] * hd, hp["text.attention_bias"]
-    plan["model.embed_tokens.weight"] = ((hp["text.vocab_size"], h), "matrix")
+    tensors["model.embed_tokens.weight"] = ((hp["text.vocab_size"], h), "matrix")
     for i in range(hp["text.block_count"]):
         p = f"model.layers.{i}"
         linear(f"{p}.self_attn.q_proj", n_q, h, bias)
@@ -243,17 +238,17 @@ def _plan(hp: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
         linear(f"{p}.mlp.down_proj", h, inter, False)
     norm("model.norm", h, bias=False)
     if not hp["text.tie_word_embeddings"]:
-        plan["lm_head.weight"] = ((hp["text.vocab_size"], h), "matrix")
+        tensors["lm_head.weight"] = ((hp["text.vocab_size"], h), "matrix")
     if n_out != h:
         raise ModelError(f"the audio tower's output_dim ({n_out}) is not the text model's hidden_size ({h}).")
-    return plan
+    return tensors
 
 
 def _tensors(directory: Path, index: dict[str, Path], hp: dict[str, Any]) -> dict[str, tuple[SourceArray, str]]:
     """The plan's tensors, read lazily from the safetensors files and checked for shape."""
     find = safetensors_lookup(directory, index, "thinker.", "a complete Qwen3-ASR checkpoint")
     out = {}
-    for name, (shape, kind) in _plan(hp).items():
+    for name, (shape, kind) in plan(hp).items():
         values, stored, file = find(name)
         if tuple(values.shape) != shape:
             raise ModelError(f"{file} '{stored}' has shape {tuple(values.shape)}; the config implies {shape}.")
