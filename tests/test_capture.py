@@ -24,6 +24,7 @@ from aural.engine.live.capture import (MicrophoneSource, ReplaySource, _capture_
                                   parse_server_sources, portaudio_input_devices, server_sources)
 from aural.engine.audio import SAMPLE_RATE
 from aural.engine.errors import AudioError, DeviceError
+from aural.engine.live import capture
 from aural.engine.live.apps import AppSource, app_inputs
 from aural.engine.live.mix import MixSource
 from aural.engine.live.streaming import Commit, Error, Metrics, live_events
@@ -253,6 +254,44 @@ def test_vanished_device_is_an_error_and_the_source_restarts(tmp_path, how):
     """)
     assert result.returncode == 0, result.stderr
     assert "finished True DeviceError Microphone lost" in result.stdout
+    assert "restarted True None" in result.stdout
+
+
+def test_opening_on_a_frozen_server_is_an_error_within_its_time_limit(tmp_path):
+    # A server that takes connections and never answers (SIGSTOP): the open gives up after its limit
+    # instead of hanging the caller (run_python's 120 s would fail the test), the process still exits, and the source opens once the server is back.
+    result = run_python(f"""
+        import os, time
+        from pathlib import Path
+        from audio_harness import VirtualMic
+        mic = VirtualMic(directory=Path({str(tmp_path)!r})).start()
+        os.environ["PULSE_SERVER"] = mic.server
+        from aural.engine.live.capture import MicrophoneSource
+        from aural.engine.errors import DeviceError
+        source = MicrophoneSource()
+        source.start()  # PortAudio is up and has listed the devices
+        source.stop()
+        mic.freeze()
+        began = time.monotonic()
+        try:
+            source.start()
+            print("opened")
+        except DeviceError as exc:
+            print("refused:", exc)
+        print("waited", time.monotonic() - began)
+        mic.restart()
+        source.start()
+        print("restarted", source.read(5.0) is not None, source.error)
+        source.stop()
+        mic.stop()
+    """)
+    assert result.returncode == 0, result.stderr
+    assert ("refused: No microphone available: no input device is connected, or the sound server (PulseAudio "
+            "or PipeWire) is not running or not answering.") in result.stdout.splitlines(), result.stdout
+    # Two waits of the limit at most (the rate probe's and the start's), and well short of libpulse's own
+    # time-outs, after which the open failed by itself before it had a limit (65 s here).
+    waited = float(result.stdout.split("waited ")[1].split()[0])
+    assert waited < 2 * capture._OPEN_TIMEOUT_S + 5, waited
     assert "restarted True None" in result.stdout
 
 
@@ -496,10 +535,15 @@ def test_an_input_always_late_is_heard_later_with_nothing_dropped():
 
 
 def test_a_mix_that_cannot_open_one_input_stops_the_others(virtual_mic):
+    # ALSA's pulse plugin either refuses the missing source or never returns from starting it (then the
+    # open's time limit ends the wait, and the CI run that hung there for 90 minutes gets a DeviceError).
     mic = MicrophoneSource()
     with pytest.raises(DeviceError, match="aural_no_such_source"):
         MixSource([mic, MicrophoneSource(server_source="aural_no_such_source")]).start()
-    assert mic.finished and mic._stream is None
+    assert mic._stream is None
+    while mic.read(0.0) is not None:  # what it captured meanwhile is still there to read
+        pass
+    assert mic.finished
 
 
 def test_a_meeting_mix_captions_what_the_computer_plays_with_a_meter_each(virtual_mic, second_sink, whisper_model,

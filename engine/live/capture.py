@@ -47,7 +47,13 @@ _STALL_S = 5.0
 # Closing a stream waits for the sound server: one that froze never answers (PortAudio's close blocked
 # for good in tests/test_capture.py with the PulseAudio daemon stopped). A healthy close takes a few ms.
 _CLOSE_TIMEOUT_S = 2.0
+OPENER_THREAD = "aural-open-input"  # the thread that opens a stream (_within)
 CLOSER_THREAD = "aural-close-input"  # the name of a background closer (_close), which the tests wait for
+# Opening and starting a stream waits for the sound server too. A healthy open takes tens of ms; ALSA's pulse
+# plugin blocked for good in Pa_StartStream on a source that does not exist (about one open in ten, under
+# tests/test_capture.py's mix test: CI of 790c2df hung there until its 90 min limit), and a frozen server
+# never answers the connection at all.
+_OPEN_TIMEOUT_S = 5.0
 # pactl answers in milliseconds; one that takes longer talks to a frozen server.
 PACTL_TIMEOUT_S = 3.0
 # pactl's arguments for the server's defaults and for its sources, as JSON (pactl 16 and later).
@@ -368,25 +374,24 @@ class MicrophoneSource(_RingSource):
         try:
             with _default_source(self.server_source):
                 device = self.device if self.server_source is None else _pulse_device(sd)
-                self.capture_rate = _capture_rate(sd, device, self.requested_rate)
+                self.capture_rate = _within(_OPEN_TIMEOUT_S, lambda: _capture_rate(sd, device, self.requested_rate))
                 self._ring = _Ring(round(self.buffer_s * self.capture_rate))
                 self._resampler = None if self.capture_rate == SAMPLE_RATE else Resampler16k(self.capture_rate)
                 self._stopping = False
-                self._stream = sd.InputStream(
+                self._stream = _within(_OPEN_TIMEOUT_S, lambda: _started(sd.InputStream(
                     device=device, samplerate=self.capture_rate, channels=1, dtype="float32",
                     blocksize=round(self.block_s * self.capture_rate), callback=self._callback,
                     finished_callback=self._ready.set,
-                )
-                self._stream.start()
-        except (sd.PortAudioError, ValueError) as exc:
+                )), dispose=_abort_and_close)
+        except (sd.PortAudioError, ValueError, TimeoutError) as exc:
             self._stream = None
             # PortAudio's own words ("Error querying device -1") go to the log, not to the user.
             logger.info("opening the input %r failed: %s", self.server_source or self.device, exc)
             if self.server_source is not None:
                 raise DeviceError(f"Cannot capture from {self.server_source}: the source is gone, or the sound "
-                                  "server (PulseAudio or PipeWire) is not running.") from exc
+                                  "server (PulseAudio or PipeWire) is not running or not answering.") from exc
             raise DeviceError("No microphone available: no input device is connected, or the sound server "
-                              "(PulseAudio or PipeWire) is not running.") from exc
+                              "(PulseAudio or PipeWire) is not running or not answering.") from exc
         self._health = (0, time.monotonic())
         logger.info("capturing from %s at %d Hz", self.server_source or self._stream.device, self.capture_rate)
 
@@ -430,6 +435,49 @@ class MicrophoneSource(_RingSource):
             # sounddevice's exit clean-up (Pa_Terminate) would wait for this stream forever, and the process
             # with it (seen after a PulseAudio daemon was killed: libpulse deadlocked); the OS frees it at exit.
             atexit.unregister(_sounddevice()._exit_handler)
+
+
+def _within(timeout_s: float, work: Callable, dispose: Callable | None = None):
+    """work() run on a daemon thread and waited for at most timeout_s; its exception is raised here.
+
+    Past that, TimeoutError, and the thread is left to finish alone: what it returns then goes to
+    dispose (a stream that started late is closed at once, so its callback, due a block (0.1 s) after
+    the start, never runs)."""
+    lock = threading.Lock()
+    outcome: list = []  # [(result, exception)], set under the lock unless abandoned
+    abandoned = False
+
+    def run() -> None:
+        result, error = None, None
+        try:
+            result = work()
+        except BaseException as exc:  # raised by the waiting thread
+            error = exc
+        with lock:
+            if not abandoned:
+                outcome.append((result, error))
+                return
+        if dispose is not None and result is not None:
+            dispose(result)
+
+    worker = threading.Thread(target=run, name=OPENER_THREAD, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    with lock:
+        if not outcome:
+            abandoned = True
+            # As for a close that never ends (_close): sounddevice's exit clean-up would wait for it.
+            atexit.unregister(_sounddevice()._exit_handler)
+            raise TimeoutError(f"the sound server did not answer within {timeout_s:g} s")
+    result, error = outcome[0]
+    if error is not None:
+        raise error
+    return result
+
+
+def _started(stream):
+    stream.start()
+    return stream
 
 
 def _abort_and_close(stream) -> None:
