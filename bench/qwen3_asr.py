@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -69,6 +70,7 @@ mean = lambda k: sum(s[k] for s in per_step) / len(per_step)
 print(json.dumps({"load_s": load_s, "encode_ms": encode_ms, "prompt_tokens": len(prompt), "prefill_ms": prefill_ms,
                   "prefill_kv_io_ms": prefill["kv_io_ms"], "step_ms": mean("wall_ms"),
                   "step_compute_ms": mean("compute_ms"), "step_kv_io_ms": mean("kv_io_ms"),
+                  "step_build_ms": mean("build_ms"), "steps_reused": sum(s["reused"] for s in per_step),
                   "step_kv_io_mib": mean("kv_io_bytes") / 2**20, "kv_bytes": ctx.kv_bytes,
                   "weights_mib": model.weights_bytes / 2**20,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -93,9 +95,15 @@ def gguf_of(ckpt: Path, wtype: str) -> Path:
     return out
 
 
-def run_once(path: Path, kv_mode: str, steps: int) -> dict:
+# Configurations per weight type: KV mode, and graph reuse off (AURAL_NO_GRAPH_REUSE=1) to show what it saves.
+MODES = {"device": ("device", {}), "host": ("host", {}),
+         "device, no graph reuse": ("device", {"AURAL_NO_GRAPH_REUSE": "1"})}
+
+
+def run_once(path: Path, mode: str, steps: int) -> dict:
+    kv_mode, env = MODES[mode]
     out = subprocess.run([sys.executable, "-c", WORKER, str(path), kv_mode, str(steps), str(N_AUDIO)],
-                         capture_output=True, text=True, check=False)
+                         capture_output=True, text=True, check=False, env={**os.environ, **env})
     if out.returncode != 0:
         raise SystemExit(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -110,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="qwen3-asr")
     args = p.parse_args(argv)
     ckpt = checkpoint(args.ckpt)
-    configs = [(w, mode) for w in args.wtypes.split(",") for mode in ("device", "host")]
+    configs = [(w, mode) for w in args.wtypes.split(",") for mode in MODES]
     runs: dict[str, list[dict]] = {f"{w}/{m}": [] for w, m in configs}
     for r in range(args.rounds):  # interleaved
         for w, mode in configs:
@@ -118,13 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r + 1} {w}/{mode}: {runs[f'{w}/{mode}'][-1]['step_ms']:.2f} ms/token", flush=True)
     med = {k: {f: statistics.median(run[f] for run in v) for f in v[0]} for k, v in runs.items()}
     rows = [[k, f"{m['weights_mib']:.0f}", f"{m['encode_ms']:.0f}", m["prompt_tokens"], f"{m['prefill_ms']:.0f}",
-             f"{m['step_ms']:.1f}",
-             f"{m['step_compute_ms']:.1f}", f"{m['step_kv_io_ms']:.2f}", f"{m['step_kv_io_mib']:.1f}",
-             f"{m['kv_bytes'] / 2**20:.1f}", f"{m['peak_rss_mib']:.0f}"] for k, m in med.items()]
+             f"{m['step_ms']:.1f}", f"{m['step_compute_ms']:.1f}", f"{m['step_build_ms']:.2f}",
+             f"{m['step_kv_io_ms']:.2f}", f"{m['step_kv_io_mib']:.1f}", f"{m['kv_bytes'] / 2**20:.1f}",
+             f"{m['peak_rss_mib']:.0f}"] for k, m in med.items()]
     table = md_table(["weights / KV mode", "weights MiB", "audio tower ms / 30 s", "prompt tokens", "prompt ms",
-                      "ms/token",
-                      "compute ms/token", "KV I/O ms/token", "KV MiB moved/token", "KV arena MiB", "peak RSS MiB"],
-                     rows)
+                      "ms/token", "compute ms/token", "graph build ms/token", "KV I/O ms/token", "KV MiB moved/token",
+                      "KV arena MiB", "peak RSS MiB"], rows)
     meta = {**machine_info(), "rounds": args.rounds, "steps": args.steps, "checkpoint": str(ckpt)}
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "runs": runs, "median": med}, indent=1))
     text = (f"# Qwen3-ASR text decoder, 0.6B shape (random weights)\n\n{meta['cpu']}, 2 threads, CPU backend; "
@@ -132,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             "(3000 frames: 30 chunks, 4 attention windows), the prompt of that clip "
             f"({N_AUDIO} audio vectors) in one batch, then {args.steps} greedy steps (ms/token: their mean, "
             "wall time of the call). KV arena f16: 112 KiB per token. Host: the history goes up before every "
-            f"call and the new row comes back (the baseline).\n\n{table}\n")
+            "call and the new row comes back (the baseline). Graph build: building and allocating a step's graph, "
+            "0 where the step reuses the first step's (the default; `AURAL_NO_GRAPH_REUSE=1` turns reuse off)."
+            f"\n\n{table}\n")
     (RESULTS / f"{args.name}.md").write_text(text)
     print(text)
     return 0

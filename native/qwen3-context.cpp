@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "backend.h"
-#include "qwen3-graph.h"
 
 namespace aural {
 
-qwen3_context::qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv_type, kv_mode mode)
-    : m_(m), mode_(mode) {
+qwen3_context::qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv_type, kv_mode mode,
+                             bool graph_reuse)
+    : m_(m), mode_(mode), reuse_enabled_(graph_reuse && !env_flag("AURAL_NO_GRAPH_REUSE")) {
     if (kv_type != GGML_TYPE_F16 && kv_type != GGML_TYPE_F32) {
         throw std::invalid_argument("the KV arena holds f16 or f32");
     }
@@ -29,6 +29,7 @@ qwen3_context::qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv
 }
 
 qwen3_context::~qwen3_context() {
+    if (graph_.ctx) ggml_free(graph_.ctx);
     if (galloc_) ggml_gallocr_free(galloc_);
     if (backend_) ggml_backend_free(backend_);
 }
@@ -75,11 +76,30 @@ void qwen3_context::decode(const int32_t * tokens, int64_t n, const float * audi
 void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int32_t> & pos,
                         const std::vector<int64_t> & cells, const float * audio, int64_t n_audio,
                         const std::vector<int64_t> & audio_rows, float * logits, bool all) {
-    qwen3_decoder_graph g = build_qwen3_decoder(m_, *kv_, n, n_audio, all);
-    std::unique_ptr<ggml_context, decltype(&ggml_free)> owner(g.ctx, ggml_free);
-    if (!ggml_gallocr_alloc_graph(galloc_, g.gf)) {
-        throw std::runtime_error("cannot allocate the decoder's compute buffer (out of memory?)");
+    using clock = std::chrono::steady_clock;
+    auto ms_since = [](clock::time_point t0) {
+        return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    };
+    last_ = {};
+    auto t0 = clock::now();
+    const qwen3_graph_shape shape{n, n_audio, all};
+    if (can_reuse(shape)) {
+        last_.reused = true;
+        ++stats_.graph_reuses;
+    } else {
+        if (graph_.ctx) ggml_free(graph_.ctx);
+        graph_ = {};
+        graph_ = build_qwen3_decoder(m_, *kv_, n, n_audio, all);
+        if (!ggml_gallocr_alloc_graph(galloc_, graph_.gf)) {
+            ggml_free(graph_.ctx);
+            graph_ = {};
+            throw std::runtime_error("cannot allocate the decoder's compute buffer (out of memory?)");
+        }
+        shape_ = shape;
+        ++stats_.graph_builds;
+        last_.build_ms = ms_since(t0);
     }
+    const qwen3_decoder_graph & g = graph_;
     ggml_backend_tensor_set(g.tokens, tokens, 0, ggml_nbytes(g.tokens));
     std::vector<float> cos(ggml_nelements(g.rope_cos)), sin(cos.size());
     qwen3_rope_table(m_, pos.data(), n, cos.data(), sin.data());
@@ -94,12 +114,7 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
         ggml_backend_tensor_set(g.audio, audio, 0, ggml_nbytes(g.audio));
         ggml_backend_tensor_set(g.audio_rows, audio_rows.data(), 0, ggml_nbytes(g.audio_rows));
     }
-    using clock = std::chrono::steady_clock;
-    auto ms_since = [](clock::time_point t0) {
-        return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-    };
-    last_ = {};
-    auto t0 = clock::now();
+    t0 = clock::now();
     if (mode_ == kv_mode::host) {
         last_.kv_io_bytes += kv_->host_upload_self(n_past_);  // the history; the graph writes the new rows
         last_.kv_io_ms += ms_since(t0);

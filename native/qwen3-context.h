@@ -8,6 +8,10 @@
 //   c.decode(&next, 1, nullptr, 0, logits.data(), false);                           // one step
 //   c.last();  // that call's compute and KV I/O time
 //
+// Graph reuse: a graph's shape depends only on (n_tokens, n_audio, all) (qwen3_graph_shape), as attention spans
+// the whole arena, masked; so every one-token step after the first runs the graph the first one built, with new
+// inputs. One switch (graph_reuse, or AURAL_NO_GRAPH_REUSE=1) turns it off; stats() counts builds and reuses.
+//
 // kv_mode::host is the baseline of the design's measurements (context.h): the history lives on the host and
 // every call uploads all of it and reads the new rows back, the traffic a decoder that rebuilds its KV prefix
 // each token pays; Qwen3-ASR-0.6B's 28 layers of 8 K/V heads make it 112 KiB a token.
@@ -23,6 +27,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "kv-cache.h"
+#include "qwen3-graph.h"
 #include "qwen3-model.h"
 
 namespace aural {
@@ -32,6 +37,21 @@ struct qwen3_timings {
     double compute_ms = 0.0;  // the graph (prompt batch or step)
     double kv_io_ms = 0.0;    // host mode: uploading the history and reading the new rows back
     size_t kv_io_bytes = 0;
+    double build_ms = 0.0;    // building and allocating the graph (0 when reused)
+    bool reused = false;
+};
+
+struct qwen3_stats {
+    uint64_t graph_builds = 0, graph_reuses = 0;
+};
+
+// What a decoder graph's topology depends on: equal shapes run the same graph.
+struct qwen3_graph_shape {
+    int64_t n_tokens = 0, n_audio = 0;
+    bool all_logits = false;
+    bool operator==(const qwen3_graph_shape & o) const {
+        return n_tokens == o.n_tokens && n_audio == o.n_audio && all_logits == o.all_logits;
+    }
 };
 
 class qwen3_context {
@@ -39,7 +59,7 @@ class qwen3_context {
     // n_ctx: the most tokens (prompt, audio and text) the session holds; kv_type: f16 (the default, half the
     // bytes) or f32 (for comparisons with an f32 reference: no rounding of K and V).
     qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv_type = GGML_TYPE_F16,
-                  kv_mode mode = kv_mode::device);
+                  kv_mode mode = kv_mode::device, bool graph_reuse = true);
     ~qwen3_context();
     qwen3_context(const qwen3_context &) = delete;
     qwen3_context & operator=(const qwen3_context &) = delete;
@@ -54,9 +74,11 @@ class qwen3_context {
     const kv_cache & kv() const { return *kv_; }
     size_t compute_bytes() const;
     const qwen3_timings & last() const { return last_; }
+    const qwen3_stats & stats() const { return stats_; }
     kv_mode mode() const { return mode_; }
 
   private:
+    bool can_reuse(const qwen3_graph_shape & shape) const { return reuse_enabled_ && graph_.gf && shape == shape_; }
     void run(const int32_t * tokens, int64_t n, const std::vector<int32_t> & pos, const std::vector<int64_t> & cells,
              const float * audio, int64_t n_audio, const std::vector<int64_t> & audio_rows, float * logits, bool all);
 
@@ -66,7 +88,11 @@ class qwen3_context {
     ggml_gallocr_t galloc_ = nullptr;
     uint32_t n_past_ = 0;
     kv_mode mode_ = kv_mode::device;
+    bool reuse_enabled_ = true;
+    qwen3_decoder_graph graph_;  // the last graph built, allocated in galloc_; its ctx is owned here
+    qwen3_graph_shape shape_;
     qwen3_timings last_;
+    qwen3_stats stats_;
 };
 
 }  // namespace aural

@@ -212,6 +212,31 @@ def test_qwen3_asr_host_kv_mode_moves_the_history_and_changes_no_bit(tmp_path):
     assert runs["host"][1] == [row * (len(prompt) + i + 1) for i in range(3)]  # the history up, one row back
 
 
+def test_qwen3_asr_steps_reuse_one_graph_with_the_bits_of_graphs_built_anew(tmp_path):
+    """Every one-token step after the first runs the graph that step built (its shape is the same: attention
+    spans the whole arena, masked); a batch of another length builds its own. Reused or built anew, the
+    logits are the same bits, and the counters say which happened."""
+    make_checkpoint(tmp_path / "ckpt")
+    model = _native.Qwen3Model(str(convert_model(tmp_path / "ckpt", tmp_path / "q.gguf", wtype="f16")))
+    audio_token = model.audio_token
+    prompt = np.array([N_TEXT + 1, 5, audio_token, audio_token, N_TEXT + 4, 7], dtype=np.int32)
+    audio = np.random.default_rng(1).normal(0, 1, (2, model.n_state)).astype(np.float32)
+    runs = {}
+    for reuse in (True, False):
+        ctx = _native.Qwen3Context(model, n_ctx=64, graph_reuse=reuse)
+        logits = [ctx.decode(prompt, audio=audio)]
+        reused = []
+        for batch in ([1], [1], [1], [2, 3], [1], [1]):  # steps, a two-token batch, steps again
+            tokens = np.array([logits[-1].argmax(), *batch[1:]], dtype=np.int32)
+            logits.append(ctx.decode(tokens))
+            reused.append(ctx.last_timings["reused"])
+        runs[reuse] = (np.array(logits), reused, ctx.stats)
+    assert np.array_equal(runs[True][0], runs[False][0])
+    assert runs[True][1] == [False, True, True, False, False, True]
+    assert runs[True][2] == {"graph_builds": 4, "graph_reuses": 3}
+    assert runs[False][1] == [False] * 6 and runs[False][2] == {"graph_builds": 7, "graph_reuses": 0}
+
+
 @needs_reference
 def test_qwen3_asr_official_checkpoint_layout_converts(qwen_official, tmp_path):
     """A checkpoint of Qwen's own code (its config serialisers; every tensor of the model's state dict, the tied

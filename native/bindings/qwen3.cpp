@@ -112,19 +112,21 @@ void register_qwen3(py::module_ & m) {
                                "A Qwen3-ASR decoding session: the text decoder's KV arena (n_ctx tokens, f16) kept "
                                "in the backend's memory. One thread at a time.")
         .def(py::init([](std::shared_ptr<qwen3_model> model, uint32_t n_ctx, const std::string & kv_type,
-                         const std::string & kv_mode) {
+                         const std::string & kv_mode, bool graph_reuse) {
                  if (kv_type != "f16" && kv_type != "f32") {
                      throw std::invalid_argument("kv_type is f16 or f32, not " + kv_type);
                  }
                  const auto mode = parse_kv_mode(kv_mode);
                  py::gil_scoped_release release;
                  auto ctx = std::make_unique<qwen3_context>(*model, n_ctx,
-                                                            kv_type == "f16" ? GGML_TYPE_F16 : GGML_TYPE_F32, mode);
+                                                            kv_type == "f16" ? GGML_TYPE_F16 : GGML_TYPE_F32, mode,
+                                                            graph_reuse);
                  return context_handle{std::move(model), std::move(ctx)};
              }),
              py::arg("model"), py::kw_only(), py::arg("n_ctx") = 1024, py::arg("kv_type") = "f16",
-             py::arg("kv_mode") = "device",
-             "kv_mode 'host': the baseline that keeps the K/V history on the host and moves it every call.")
+             py::arg("kv_mode") = "device", py::arg("graph_reuse") = true,
+             "kv_mode 'host': the baseline that keeps the K/V history on the host and moves it every call. "
+             "graph_reuse False (or AURAL_NO_GRAPH_REUSE=1): build every call's graph anew.")
         .def("decode", &decode, py::arg("tokens"), py::kw_only(), py::arg("audio") = py::none(),
              py::arg("all_logits") = false,
              "Append `tokens` (int32) at the next positions; `audio` (n_audio, n_state) float32 replaces the audio "
@@ -141,9 +143,18 @@ void register_qwen3(py::module_ & m) {
             [](const context_handle & s) {
                 const qwen3_timings & t = s.ctx->last();
                 return py::dict(py::arg("compute_ms") = t.compute_ms, py::arg("kv_io_ms") = t.kv_io_ms,
-                                py::arg("kv_io_bytes") = t.kv_io_bytes);
+                                py::arg("kv_io_bytes") = t.kv_io_bytes, py::arg("build_ms") = t.build_ms,
+                                py::arg("reused") = t.reused);
             },
-            "The last decode call's compute_ms, kv_io_ms and kv_io_bytes (host mode's traffic).");
+            "The last decode call's compute_ms, kv_io_ms and kv_io_bytes (host mode's traffic), and build_ms "
+            "(building and allocating its graph; 0 with reused True).")
+        .def_property_readonly(
+            "stats",
+            [](const context_handle & s) {
+                const qwen3_stats & st = s.ctx->stats();
+                return py::dict(py::arg("graph_builds") = st.graph_builds, py::arg("graph_reuses") = st.graph_reuses);
+            },
+            "Graphs built and reused by this context's decode calls.");
 }
 
 }  // namespace aural::bindings
