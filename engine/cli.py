@@ -734,6 +734,8 @@ def _run_live(args: argparse.Namespace) -> int:
     from .live.journal import SessionJournal, prune_sessions
     from .live.mix import MixSource
     from .live.streaming import Commit, Error, Metrics, Partial, event_dict, flagged_options, live_events
+    from .qwen3asr import Qwen3AsrModel, language_name
+    from .qwen3asr.streaming import Qwen3StreamOptions, qwen3_live_events
     from .text.tokenizer import normalize_language
 
     if args.list_devices:
@@ -758,7 +760,12 @@ def _run_live(args: argparse.Namespace) -> int:
     prune_sessions(journal.directory)
     if args.keep_audio:
         source = TappedSource(source, journal.record)
-    events = live_events(model, source, options, kv_mode=args.kv_mode, stop=stop)
+    if isinstance(model, Qwen3AsrModel):  # the official streaming's chunks and forced text (engine/qwen3asr)
+        forced = language_name(args.language) if args.language else None
+        events = qwen3_live_events(model, source, Qwen3StreamOptions(language=forced),
+                                   kv_mode=args.kv_mode, stop=stop)
+    else:
+        events = live_events(model, source, options, kv_mode=args.kv_mode, stop=stop)
     tty, line, last, failed = sys.stdout.isatty() and not args.json, "", None, False
     default_handler = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, lambda *_: (stop.set(), signal.signal(signal.SIGINT, default_handler)))

@@ -37,7 +37,7 @@ def report() -> dict[str, Any]:
 
 # Model architectures (GGUF general.architecture) and what Aural does with each (#23: Qwen3-ASR's file
 # transcription runs on the CPU backend; the rest of the app is Whisper's).
-_ARCHITECTURES = {"whisper": "runs", "qwen3-asr": "converts (aural models convert), transcribes files on the CPU"}
+_ARCHITECTURES = {"whisper": "runs", "qwen3-asr": "converts (aural models convert), transcribes files and live audio on the CPU"}
 
 
 # name shown -> module imported; PySide6.QtWidgets rather than PySide6 because it is the import that

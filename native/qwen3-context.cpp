@@ -34,6 +34,16 @@ qwen3_context::~qwen3_context() {
     if (backend_) ggml_backend_free(backend_);
 }
 
+void qwen3_context::rewind(uint32_t n_past) {
+    if (n_past > n_past_) {
+        throw std::invalid_argument("cannot rewind to " + std::to_string(n_past) + " tokens: the context holds " +
+                                    std::to_string(n_past_));
+    }
+    // The cells at n_past and after stay in the arena until the next decode's kv_update, which forgets a
+    // sequence's cells at or after its first new position before anything reads them (kv-cache.h).
+    n_past_ = n_past;
+}
+
 void qwen3_context::clear() {
     kv_->clear();
     n_past_ = 0;

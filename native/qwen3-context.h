@@ -70,6 +70,9 @@ class qwen3_context {
     // and std::length_error when the arena would overflow (nothing is appended then).
     void decode(const int32_t * tokens, int64_t n, const float * audio, int64_t n_audio, float * logits, bool all);
     uint32_t n_past() const { return n_past_; }
+    // Forget the tokens at positions n_past and after (a prompt whose head is unchanged keeps that head's K/V:
+    // streaming re-feeds its audio so); the next decode appends at n_past. Throws when n_past > n_past().
+    void rewind(uint32_t n_past);
     void clear();  // forget every token
     const kv_cache & kv() const { return *kv_; }
     size_t compute_bytes() const;

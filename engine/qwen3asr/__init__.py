@@ -6,6 +6,9 @@ the backend's memory (native/qwen3-*), with the official wrapper's prompt, chunk
     for chunk in transcribe_qwen3(model, samples):   # 16 kHz mono float32
         print(chunk.language, chunk.text)
 
+Live captions: streaming.py (`Qwen3Stream`, `qwen3_live_events`; `aural live -m qwen3-asr.gguf`), the
+official streaming's chunks and forced text with the unchanged work of each chunk kept.
+
 No Qt. A model serves one transcription at a time per context; contexts are made per call.
 """
 

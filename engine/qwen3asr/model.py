@@ -25,12 +25,14 @@ class Qwen3AsrModel:
         native: the _native.Qwen3Model.
         tokenizer: the tokenizers.Tokenizer the converter stored (Qwen2's byte-level BPE and the added tokens).
         eos: the end-of-sequence ids (generation_config.json's eos_token_id).
+        name: the file's stem, as sessions and logs name the model.
     """
 
     def __init__(self, path: str | Path, *, n_threads: int = 0) -> None:
         from aural import _native
 
         self.path = Path(path)
+        self.name = self.path.stem
         try:
             field = gguf.GGUFReader(self.path).fields.get(_TOKENIZER_KEY)
         except (OSError, ValueError) as exc:

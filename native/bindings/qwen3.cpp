@@ -90,6 +90,11 @@ void register_qwen3(py::module_ & m) {
         .def_property_readonly("n_vocab", [](const qwen3_model & s) { return s.hp.text.n_vocab; })
         .def_property_readonly("n_state", [](const qwen3_model & s) { return s.hp.text.n_state; })
         .def_property_readonly("audio_token", [](const qwen3_model & s) { return s.hp.audio_token; })
+        .def_property_readonly("audio_window_frames", [](const qwen3_model & s) { return s.hp.audio.n_window_infer; },
+                               "Mel frames of one attention window of the audio tower (800): its vectors depend on "
+                               "those frames alone.")
+        .def("audio_vectors", [](const qwen3_model & s, int64_t n_frames) { return qwen3_audio_frames(s.hp, n_frames); },
+             py::arg("n_frames"), "The audio tower's vectors for n_frames mel frames (104 for one window).")
         .def_property_readonly("eos_tokens", [](const qwen3_model & s) { return s.hp.eos_tokens; })
         .def_property_readonly("weights_bytes", [](const qwen3_model & s) { return s.weights_bytes; })
         .def_property_readonly("path", [](const qwen3_model & s) { return s.path; });
@@ -134,6 +139,9 @@ void register_qwen3(py::module_ & m) {
              "token's (n, n_vocab). ValueError for bad input; ContextFullError when n_ctx tokens would be exceeded "
              "(nothing is appended).")
         .def("clear", [](context_handle & s) { s.ctx->clear(); }, "Forget every token.")
+        .def("rewind", [](context_handle & s, uint32_t n_past) { s.ctx->rewind(n_past); }, py::arg("n_past"),
+             "Forget the tokens at positions n_past and after; the next decode appends there. ValueError when "
+             "n_past exceeds the tokens held.")
         .def_property_readonly("n_past", [](const context_handle & s) { return s.ctx->n_past(); })
         .def_property_readonly("kv_bytes", [](const context_handle & s) { return s.ctx->kv().self_bytes(); })
         .def_property_readonly("compute_bytes", [](const context_handle & s) { return s.ctx->compute_bytes(); })
