@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -266,7 +267,7 @@ void set_backend_abort_flag(ggml_backend_t backend, const std::atomic<bool> * fl
 backend_set::backend_set(ggml_backend_dev_t dev, int n_threads, const std::atomic<bool> * abort_flag) {
     auto own = [&](ggml_backend_t b) {
         set_backend_threads(b, n_threads);
-        set_backend_abort_flag(b, abort_flag);
+        if (abort_flag) set_backend_abort_flag(b, abort_flag);  // none: nothing interrupts this set's graphs
         return b;
     };
     primary = ggml_backend_dev_init(dev, nullptr);
@@ -310,6 +311,28 @@ ggml_backend_sched_t backend_set::make_sched(size_t max_nodes) const {
         throw std::runtime_error("cannot create the ggml scheduler");
     }
     return s;
+}
+
+backend_report placement(const backend_set & b, ggml_backend_sched_t sched, ggml_cgraph * gf) {
+    backend_report r;
+    r.primary = ggml_backend_name(b.primary);
+    r.n_splits = ggml_backend_sched_get_n_splits(sched);
+    std::set<std::string> fallback;
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        ggml_tensor * node = ggml_graph_node(gf, i);
+        if (ggml_is_empty(node) || node->op == GGML_OP_NONE || node->op == GGML_OP_VIEW ||
+            node->op == GGML_OP_RESHAPE || node->op == GGML_OP_PERMUTE || node->op == GGML_OP_TRANSPOSE) {
+            continue;
+        }
+        ggml_backend_t node_backend = ggml_backend_sched_get_tensor_backend(sched, node);
+        const std::string name = node_backend ? ggml_backend_name(node_backend) : "?";
+        r.nodes_per_backend[name]++;
+        if (node_backend && node_backend == b.cpu) {  // accelerators taking ops is the plan, the CPU a fallback
+            fallback.insert(ggml_op_desc(node));
+        }
+    }
+    r.fallback_ops.assign(fallback.begin(), fallback.end());
+    return r;
 }
 
 }  // namespace aural

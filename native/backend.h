@@ -91,7 +91,8 @@ void set_backend_threads(ggml_backend_t backend, int n_threads);
 void set_backend_abort_flag(ggml_backend_t backend, const std::atomic<bool> * flag);
 
 // The backends one session computes on: the model's device, accelerators (BLAS) and, unless the device is
-// the CPU itself, the CPU for the ops the device lacks; each with the session's threads and abort flag.
+// the CPU itself, the CPU for the ops the device lacks; each with the session's threads and abort flag (none:
+// nothing interrupts their graphs).
 // Owned by one session (a context, a stream_batch); not shared.
 class backend_set {
   public:
@@ -108,5 +109,21 @@ class backend_set {
     ggml_backend_t cpu = nullptr;  // CPU fallback when the primary is not the CPU
     std::vector<ggml_backend_t> accel;
 };
+
+// Where the nodes of a graph really run: fallbacks to the CPU are reported, never silent.
+struct backend_report {
+    std::string primary;
+    std::map<std::string, int> nodes_per_backend;
+    std::vector<std::string> fallback_ops;  // distinct ops that left the primary backend
+    int n_splits = 0;
+};
+
+// A scheduler's size for graphs of at most `graph_nodes` nodes: its hash set holds their nodes and leafs (as
+// many again: inputs, weights, views) and the copies it adds between backends.
+inline size_t sched_size(size_t graph_nodes) { return 4 * graph_nodes; }
+
+// Where the scheduler placed each node of `gf` (allocated on `sched`, made by `b`): nodes per backend, and the
+// ops that fell back from the primary device to the CPU.
+backend_report placement(const backend_set & b, ggml_backend_sched_t sched, ggml_cgraph * gf);
 
 }  // namespace aural

@@ -94,27 +94,6 @@ size_t context::compute_buffer_bytes() const {
     return n;
 }
 
-backend_report context::report(ggml_backend_sched_t sched, ggml_cgraph * gf) const {
-    backend_report r;
-    r.primary = ggml_backend_name(backends_->primary);
-    r.n_splits = ggml_backend_sched_get_n_splits(sched);
-    std::set<std::string> fallback;
-    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
-        ggml_tensor * node = ggml_graph_node(gf, i);
-        if (ggml_is_empty(node) || node->op == GGML_OP_NONE || node->op == GGML_OP_VIEW ||
-            node->op == GGML_OP_RESHAPE || node->op == GGML_OP_PERMUTE || node->op == GGML_OP_TRANSPOSE) {
-            continue;
-        }
-        ggml_backend_t b = ggml_backend_sched_get_tensor_backend(sched, node);
-        const std::string name = b ? ggml_backend_name(b) : "?";
-        r.nodes_per_backend[name]++;
-        if (b && b == backends_->cpu) {  // accelerators taking ops is the plan, the CPU taking them is a fallback
-            fallback.insert(ggml_op_desc(node));
-        }
-    }
-    r.fallback_ops.assign(fallback.begin(), fallback.end());
-    return r;
-}
 
 void context::compute(ggml_backend_sched_t sched, ggml_cgraph * gf) {
     const ggml_status st = interrupted() ? GGML_STATUS_ABORTED : ggml_backend_sched_graph_compute(sched, gf);
@@ -136,7 +115,7 @@ void context::use_encoder(uint32_t n_ctx) {
     if (!ggml_backend_sched_alloc_graph(sched_enc_, enc_graph_->gf)) {
         throw std::runtime_error("cannot allocate the encoder's compute buffer (out of device memory?)");
     }
-    encoder_report = report(sched_enc_, enc_graph_->gf);
+    encoder_report = placement(*backends_, sched_enc_, enc_graph_->gf);
     stats.encoder_builds++;
 }
 
@@ -294,7 +273,7 @@ void context::decode_ubatch(decode_batch & ub, float * logits) {
         if (!ggml_backend_sched_alloc_graph(sched_dec_, dec_graph_->gf)) {
             throw std::runtime_error("cannot allocate the decoder graph");
         }
-        decoder_report = report(sched_dec_, dec_graph_->gf);
+        decoder_report = placement(*backends_, sched_dec_, dec_graph_->gf);
         stats.graph_builds++;
     }
     dec_graph_->set_inputs(ub);

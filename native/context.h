@@ -76,13 +76,7 @@ struct context_stats {
     uint64_t kv_io_bytes_total = 0;
 };
 
-// Where the nodes of a graph really run: fallbacks to the CPU are reported, never silent.
-struct backend_report {
-    std::string primary;
-    std::map<std::string, int> nodes_per_backend;
-    std::vector<std::string> fallback_ops;  // distinct ops that left the primary backend
-    int n_splits = 0;
-};
+
 
 // Thrown by every compute of a context after `context::interrupt()`.
 struct interrupted_error : std::runtime_error {
@@ -142,7 +136,6 @@ class context {
 
     void use_encoder(uint32_t n_ctx);  // (re)builds the encoder graph for n_ctx positions
     void reserve_worst_case();
-    backend_report report(ggml_backend_sched_t sched, ggml_cgraph * gf) const;
     void compute(ggml_backend_sched_t sched, ggml_cgraph * gf);
     void check_batch(const decode_batch & batch) const;
     uint32_t place(decode_batch & ub);

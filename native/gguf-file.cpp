@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 #include <sys/stat.h>
 
 namespace aural {
@@ -73,8 +74,8 @@ ggml_tensor * require_tensor(ggml_context * tensors, const std::string & name, s
     return t;
 }
 
-ggml_backend_buffer_t read_host_weights(gguf_context * meta, ggml_context * tensors, ggml_backend_buffer_type_t buft,
-                                        const std::string & path) {
+ggml_backend_buffer_t read_weights(gguf_context * meta, ggml_context * tensors, ggml_backend_buffer_type_t buft,
+                                   const std::string & path) {
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(tensors, buft);
     if (!buf) {
         throw std::runtime_error(path + ": cannot allocate the weights (out of memory?)");
@@ -86,13 +87,18 @@ ggml_backend_buffer_t read_host_weights(gguf_context * meta, ggml_context * tens
             throw std::runtime_error(path + ": cannot open for reading");
         }
         const size_t data_offset = gguf_get_data_offset(meta);
+        const bool host = ggml_backend_buffer_is_host(buf);
+        std::vector<uint8_t> staging;  // a device's tensor: read here, then uploaded
         for (int64_t i = 0; i < gguf_get_n_tensors(meta); ++i) {
             ggml_tensor * t = ggml_get_tensor(tensors, gguf_get_tensor_name(meta, i));
             const size_t nbytes = ggml_nbytes(t);
+            if (!host) staging.resize(nbytes);
+            void * into = host ? t->data : staging.data();
             if (std::fseek(file.get(), static_cast<long>(data_offset + gguf_get_tensor_offset(meta, i)), SEEK_SET) != 0 ||
-                std::fread(t->data, 1, nbytes, file.get()) != nbytes) {
+                std::fread(into, 1, nbytes, file.get()) != nbytes) {
                 throw std::runtime_error(path + ": truncated (tensor '" + ggml_get_name(t) + "' is cut short)");
             }
+            if (!host) ggml_backend_tensor_set(t, staging.data(), 0, nbytes);
         }
     } catch (...) {
         ggml_backend_buffer_free(buf);

@@ -49,9 +49,10 @@ std::string shape_str(const ggml_tensor * t);
 ggml_tensor * require_tensor(ggml_context * tensors, const std::string & name, std::initializer_list<int64_t> ne,
                              const std::string & path);
 
-// Allocates every tensor of `tensors` in one buffer of `buft`, which must be host memory (the CPU's), and reads
-// each one from the file straight into place. Returns the buffer, marked as weights; throws naming `path`.
-ggml_backend_buffer_t read_host_weights(gguf_context * meta, ggml_context * tensors, ggml_backend_buffer_type_t buft,
-                                        const std::string & path);
+// Allocates every tensor of `tensors` in one buffer of `buft` and reads each one from the file: straight into
+// place in host memory (the CPU's), through a staging copy into a device's. Returns the buffer, marked as
+// weights; throws naming `path`.
+ggml_backend_buffer_t read_weights(gguf_context * meta, ggml_context * tensors, ggml_backend_buffer_type_t buft,
+                                   const std::string & path);
 
 }  // namespace aural

@@ -198,21 +198,21 @@ qwen3_audio_encoder::qwen3_audio_encoder(const qwen3_model & m, int n_windows) :
                                  std::to_string(m.hp.audio.n_max_pos) + " audio positions");
     }
     pos_ = positions(t, m.hp.audio.n_state);
-    backend_.reset(ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr));
-    if (!backend_) {
-        throw std::runtime_error("cannot initialise ggml's CPU backend");
-    }
-    set_backend_threads(backend_.get(), m.n_threads);
-    galloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
+    backends_ = std::make_unique<backend_set>(m.dev, m.n_threads, nullptr);
+    sched_.reset(backends_->make_sched(sched_size(graph_size(m))));
     const int64_t n_chunks = windows_per_graph * window_chunks(m.hp), n_valid = n_chunks * t;
     ggml_context_ptr ctx = graph_context(m);
     const tower_graph g =
         build_graph(ctx.get(), m, chunk_frames(m.hp), n_chunks, n_valid, window_length(m.hp, n_valid), -1);
-    if (!ggml_gallocr_reserve(galloc_.get(), g.gf)) {
+    if (!ggml_backend_sched_reserve(sched_.get(), g.gf)) {
         throw std::runtime_error("cannot allocate the audio tower's compute buffer (out of memory?)");
     }
-    compute_bytes = ggml_gallocr_get_buffer_size(galloc_.get(), 0);
-    AURAL_LOG_INFO("%.1f MiB compute buffer for %d windows per graph", compute_bytes / 1048576.0, windows_per_graph);
+    report = placement(*backends_, sched_.get(), g.gf);
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched_.get()); ++i) {
+        compute_bytes += ggml_backend_sched_get_buffer_size(sched_.get(), ggml_backend_sched_get_backend(sched_.get(), i));
+    }
+    AURAL_LOG_INFO("%.1f MiB compute buffer for %d windows per graph on %s", compute_bytes / 1048576.0,
+                   windows_per_graph, report.primary.c_str());
 }
 
 std::vector<float> qwen3_audio_encoder::encode(const float * mel, int64_t n_frames, int n_layers) {
@@ -247,7 +247,8 @@ void qwen3_audio_encoder::run(const float * mel, int64_t n_frames, int64_t chunk
     const int64_t n_valid = qwen3_audio_frames(m_.hp, n_in), n_w = window_length(m_.hp, n_valid);
     ggml_context_ptr ctx = graph_context(m_);
     const tower_graph g = build_graph(ctx.get(), m_, l, n_chunks, n_valid, n_w, n_layers);
-    if (!ggml_gallocr_alloc_graph(galloc_.get(), g.gf)) {
+    ggml_backend_sched_reset(sched_.get());
+    if (!ggml_backend_sched_alloc_graph(sched_.get(), g.gf)) {
         throw std::runtime_error("cannot allocate the audio tower's compute buffer (out of memory?)");
     }
     // [n_chunks][n_mels][l] from the clip's [n_mels][n_frames], zeros past its end.
@@ -264,7 +265,7 @@ void qwen3_audio_encoder::run(const float * mel, int64_t n_frames, int64_t chunk
         const std::vector<ggml_fp16_t> mask = window_mask(n_w, g.mask->ne[3], n_valid);
         ggml_backend_tensor_set(g.mask, mask.data(), 0, ggml_nbytes(g.mask));
     }
-    if (ggml_backend_graph_compute(backend_.get(), g.gf) != GGML_STATUS_SUCCESS) {
+    if (ggml_backend_sched_graph_compute(sched_.get(), g.gf) != GGML_STATUS_SUCCESS) {
         throw std::runtime_error("the audio tower's graph failed to compute");
     }
     ggml_backend_tensor_get(g.out, out, 0, static_cast<size_t>(n_valid * g.out->ne[0]) * sizeof(float));

@@ -26,8 +26,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "backend.h"
 #include "ggml-cpp.h"
 #include "qwen3-model.h"
 
@@ -40,7 +42,7 @@ int64_t qwen3_audio_frames(const qwen3_hparams & hp, int64_t n_frames);
 
 class qwen3_audio_encoder {
   public:
-    // Starts a CPU backend with the model's threads and reserves the compute buffer of a graph of
+    // Starts the model's device (and the CPU) with the model's threads and reserves the compute buffers of a graph of
     // windows_per_graph windows, so that running out of memory shows here. Throws std::runtime_error when it
     // cannot, std::invalid_argument for windows_per_graph < 1.
     explicit qwen3_audio_encoder(const qwen3_model & m, int windows_per_graph = 1);
@@ -52,7 +54,8 @@ class qwen3_audio_encoder {
     std::vector<float> encode(const float * mel, int64_t n_frames, int n_layers = -1);
 
     const int windows_per_graph;  // attention windows (800 mel frames, 8 s, each) per graph
-    size_t compute_bytes = 0;     // the compute buffer, reserved for a graph of windows_per_graph windows
+    size_t compute_bytes = 0;     // the compute buffers, reserved for a graph of windows_per_graph windows
+    backend_report report;        // where the reserved graph's nodes run (ops that fell back to the CPU)
 
   private:
     // Runs the chunks [chunk0, chunk0 + n_chunks) of the clip (whole windows, except at the clip's end) and
@@ -60,8 +63,8 @@ class qwen3_audio_encoder {
     void run(const float * mel, int64_t n_frames, int64_t chunk0, int64_t n_chunks, int n_layers, float * out);
 
     const qwen3_model & m_;
-    ggml_backend_ptr backend_;  // ggml's CPU backend
-    ggml_gallocr_ptr galloc_;   // the compute buffer, reused across graphs and calls
+    std::unique_ptr<backend_set> backends_;  // the model's device, and the CPU for the ops it lacks
+    ggml_backend_sched_ptr sched_;           // the compute buffers, reused across graphs and calls
     std::vector<float> pos_;    // [t][n_state]: the positional embedding of a chunk's t = 13 frames
 };
 

@@ -20,18 +20,13 @@ qwen3_context::qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv
     const kv_dims dims{tx.n_layer, tx.n_head_kv, tx.n_head_kv * tx.head_dim, 0};
     kv_ = std::make_unique<kv_cache>(m.dev, dims, n_ctx, 1, kv_type);
     if (mode_ == kv_mode::host) kv_->enable_host_mirror();
-    backend_ = ggml_backend_dev_init(m.dev, nullptr);
-    if (!backend_) {
-        throw std::runtime_error("cannot initialise ggml's CPU backend");
-    }
-    set_backend_threads(backend_, m.n_threads);
-    galloc_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
+    backends_ = std::make_unique<backend_set>(m.dev, m.n_threads, nullptr);
+    sched_ = backends_->make_sched(sched_size(qwen3_graph_size(m)));
 }
 
 qwen3_context::~qwen3_context() {
     if (graph_.ctx) ggml_free(graph_.ctx);
-    if (galloc_) ggml_gallocr_free(galloc_);
-    if (backend_) ggml_backend_free(backend_);
+    if (sched_) ggml_backend_sched_free(sched_);
 }
 
 void qwen3_context::rewind(uint32_t n_past) {
@@ -49,7 +44,13 @@ void qwen3_context::clear() {
     n_past_ = 0;
 }
 
-size_t qwen3_context::compute_bytes() const { return ggml_gallocr_get_buffer_size(galloc_, 0); }
+size_t qwen3_context::compute_bytes() const {
+    size_t n = 0;
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched_); ++i) {
+        n += ggml_backend_sched_get_buffer_size(sched_, ggml_backend_sched_get_backend(sched_, i));
+    }
+    return n;
+}
 
 void qwen3_context::decode(const int32_t * tokens, int64_t n, const float * audio, int64_t n_audio, float * logits,
                            bool all) {
@@ -99,12 +100,14 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
     } else {
         if (graph_.ctx) ggml_free(graph_.ctx);
         graph_ = {};
+        ggml_backend_sched_reset(sched_);
         graph_ = build_qwen3_decoder(m_, *kv_, n, n_audio, all);
-        if (!ggml_gallocr_alloc_graph(galloc_, graph_.gf)) {
+        if (!ggml_backend_sched_alloc_graph(sched_, graph_.gf)) {
             ggml_free(graph_.ctx);
             graph_ = {};
             throw std::runtime_error("cannot allocate the decoder's compute buffer (out of memory?)");
         }
+        report_ = placement(*backends_, sched_, graph_.gf);
         shape_ = shape;
         ++stats_.graph_builds;
         last_.build_ms = ms_since(t0);
@@ -130,7 +133,7 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
         last_.kv_io_ms += ms_since(t0);
     }
     t0 = clock::now();
-    if (ggml_backend_graph_compute(backend_, g.gf) != GGML_STATUS_SUCCESS) {
+    if (ggml_backend_sched_graph_compute(sched_, g.gf) != GGML_STATUS_SUCCESS) {
         throw std::runtime_error("the Qwen3 decoder's graph failed to compute");
     }
     last_.compute_ms = ms_since(t0);

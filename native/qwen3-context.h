@@ -16,6 +16,8 @@
 // every call uploads all of it and reads the new rows back, the traffic a decoder that rebuilds its KV prefix
 // each token pays; Qwen3-ASR-0.6B's 28 layers of 8 K/V heads make it 112 KiB a token.
 //
+// The graphs run on the model's device through a scheduler (backend.h backend_set): ops the device lacks run on
+// the CPU, and report() names them.
 // Thread-safety: one thread at a time; the model may be shared by contexts on other threads.
 #pragma once
 
@@ -24,7 +26,6 @@
 #include <vector>
 
 #include "context.h"
-#include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "kv-cache.h"
 #include "qwen3-graph.h"
@@ -76,6 +77,7 @@ class qwen3_context {
     void clear();  // forget every token
     const kv_cache & kv() const { return *kv_; }
     size_t compute_bytes() const;
+    const backend_report & report() const { return report_; }  // where the last graph built runs
     const qwen3_timings & last() const { return last_; }
     const qwen3_stats & stats() const { return stats_; }
     kv_mode mode() const { return mode_; }
@@ -87,15 +89,16 @@ class qwen3_context {
 
     const qwen3_model & m_;
     std::unique_ptr<kv_cache> kv_;
-    ggml_backend_t backend_ = nullptr;
-    ggml_gallocr_t galloc_ = nullptr;
+    std::unique_ptr<backend_set> backends_;
+    ggml_backend_sched_t sched_ = nullptr;
     uint32_t n_past_ = 0;
     kv_mode mode_ = kv_mode::device;
     bool reuse_enabled_ = true;
-    qwen3_decoder_graph graph_;  // the last graph built, allocated in galloc_; its ctx is owned here
+    qwen3_decoder_graph graph_;  // the last graph built, allocated by sched_; its ctx is owned here
     qwen3_graph_shape shape_;
     qwen3_timings last_;
     qwen3_stats stats_;
+    backend_report report_;
 };
 
 }  // namespace aural

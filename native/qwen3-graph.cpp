@@ -6,9 +6,6 @@ namespace aural {
 
 namespace {
 
-// Qwen3 layers make about 40 nodes and views each; the embeddings, the norm and the output a handful.
-size_t graph_size(const qwen3_model & m) { return 64 + 48 * m.hp.text.n_layer; }
-
 ggml_tensor * input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, const char * name) {
     ggml_tensor * t = ne1 > 0 ? ggml_new_tensor_2d(ctx, type, ne0, ne1) : ggml_new_tensor_1d(ctx, type, ne0);
     ggml_set_name(t, name);
@@ -46,6 +43,18 @@ void rope_table_op(ggml_tensor * dst, const ggml_tensor * x, const ggml_tensor *
     }
 }
 
+// rope_table_op in ggml's ops, for devices: x [hd, n_heads, n], cos and sin [hd/2, n] broadcast over the heads.
+ggml_tensor * rope_table(ggml_context * ctx, ggml_tensor * x, ggml_tensor * cos, ggml_tensor * sin) {
+    const int64_t half = x->ne[0] / 2;
+    ggml_tensor * x1 = ggml_view_3d(ctx, x, half, x->ne[1], x->ne[2], x->nb[1], x->nb[2], 0);
+    ggml_tensor * x2 = ggml_view_3d(ctx, x, half, x->ne[1], x->ne[2], x->nb[1], x->nb[2], half * x->nb[0]);
+    cos = ggml_reshape_3d(ctx, cos, half, 1, cos->ne[1]);
+    sin = ggml_reshape_3d(ctx, sin, half, 1, sin->ne[1]);
+    ggml_tensor * lo = ggml_sub(ctx, ggml_mul(ctx, x1, cos), ggml_mul(ctx, x2, sin));
+    ggml_tensor * hi = ggml_add(ctx, ggml_mul(ctx, x2, cos), ggml_mul(ctx, x1, sin));
+    return ggml_concat(ctx, lo, hi, 0);
+}
+
 // x [n_state, n] -> q, k or v heads [head_dim, n_heads, n], normed over head_dim and rotated where asked.
 ggml_tensor * heads(ggml_context * ctx, const qwen3_model & m, ggml_tensor * x, const qwen3_linear & proj,
                     const qwen3_norm * norm, const qwen3_decoder_graph & g) {
@@ -54,10 +63,15 @@ ggml_tensor * heads(ggml_context * ctx, const qwen3_model & m, ggml_tensor * x, 
     h = ggml_reshape_3d(ctx, h, tx.head_dim, h->ne[0] / tx.head_dim, x->ne[1]);
     if (!norm) return h;
     h = rms_norm(ctx, h, norm->w, tx.norm_eps);
-    return ggml_map_custom3(ctx, h, g.rope_cos, g.rope_sin, rope_table_op, GGML_N_TASKS_MAX, nullptr);
+    return m.rope_op ? ggml_map_custom3(ctx, h, g.rope_cos, g.rope_sin, rope_table_op, GGML_N_TASKS_MAX, nullptr)
+                     : rope_table(ctx, h, g.rope_cos, g.rope_sin);
 }
 
 }  // namespace
+
+// Qwen3 layers make about 40 nodes and views each (RoPE by ggml's ops: 2 x 10 more); the embeddings, the norm
+// and the output a handful.
+size_t qwen3_graph_size(const qwen3_model & m) { return 64 + 72 * m.hp.text.n_layer; }
 
 void qwen3_rope_table(const qwen3_model & m, const int32_t * pos, int64_t n, float * cos, float * sin) {
     const int64_t hd = m.hp.text.head_dim, half = hd / 2;
@@ -73,7 +87,7 @@ void qwen3_rope_table(const qwen3_model & m, const int32_t * pos, int64_t n, flo
 qwen3_decoder_graph build_qwen3_decoder(const qwen3_model & m, const kv_cache & kv, int64_t n_tokens, int64_t n_audio,
                                         bool all_logits) {
     const auto & tx = m.hp.text;
-    const size_t n_nodes = graph_size(m);
+    const size_t n_nodes = qwen3_graph_size(m);
     ggml_init_params params = {/*.mem_size =*/ ggml_tensor_overhead() * n_nodes + ggml_graph_overhead_custom(n_nodes, false),
                                /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true};
     qwen3_decoder_graph g;

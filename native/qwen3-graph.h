@@ -39,6 +39,9 @@ struct qwen3_decoder_graph {
 // double and rounded once to f32.
 void qwen3_rope_table(const qwen3_model & m, const int32_t * pos, int64_t n, float * cos, float * sin);
 
+// The most nodes a decoder graph of `m` has (a scheduler's size).
+size_t qwen3_graph_size(const qwen3_model & m);
+
 qwen3_decoder_graph build_qwen3_decoder(const qwen3_model & m, const kv_cache & kv, int64_t n_tokens, int64_t n_audio,
                                         bool all_logits);
 

@@ -26,20 +26,21 @@ int64_t find_key(gguf_context * meta, const std::string & k, gguf_type type, con
 
 }  // namespace
 
-std::unique_ptr<qwen3_model> qwen3_model::load(const std::string & path, int n_threads) {
-    ensure_backends_loaded();
+std::unique_ptr<qwen3_model> qwen3_model::load(const std::string & path, int n_threads, const std::string & device) {
     std::unique_ptr<qwen3_model> m(new qwen3_model());
     m->path = path;
     m->n_threads = n_threads > 0 ? n_threads : default_threads();
-    m->dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    m->dev = select_device(device);
+    m->rope_op = ggml_backend_dev_type(m->dev) == GGML_BACKEND_DEVICE_TYPE_CPU && !env_flag("AURAL_NO_ROPE_OP");
     ggml_context * meta_ctx = nullptr;
     gguf_ptr meta = open_gguf(path, &meta_ctx);
     m->ctx_ = meta_ctx;
     m->read_hparams(meta.get());
     m->bind_tensors();
     m->read_weights(meta.get());
-    AURAL_LOG_INFO("%s: Qwen3-ASR, %u audio + %u text layers, %.1f MiB of weights on the CPU", path.c_str(),
-                   m->hp.audio.n_layer, m->hp.text.n_layer, m->weights_bytes / 1048576.0);
+    AURAL_LOG_INFO("%s: Qwen3-ASR, %u audio + %u text layers, %.1f MiB of weights on %s", path.c_str(),
+                   m->hp.audio.n_layer, m->hp.text.n_layer, m->weights_bytes / 1048576.0,
+                   ggml_backend_dev_name(m->dev));
     return m;
 }
 
@@ -151,7 +152,7 @@ void qwen3_model::bind_tensors() {
 }
 
 void qwen3_model::read_weights(gguf_context * meta) {
-    weights_ = read_host_weights(meta, ctx_, ggml_backend_dev_buffer_type(dev), path);
+    weights_ = aural::read_weights(meta, ctx_, ggml_backend_dev_buffer_type(dev), path);
     weights_bytes = ggml_backend_buffer_get_size(weights_);
 }
 

@@ -3,11 +3,13 @@
 // parts: the audio tower (128-bin log-mel -> one embedding per 8 mel frames, in the text model's width) and
 // the Qwen3 text decoder (RMSNorm, q/k-norm, RoPE, grouped-query attention, SwiGLU, tied output).
 //
-//   auto m = aural::qwen3_model::load("qwen3-asr.gguf", /*n_threads=*/0);
+//   auto m = aural::qwen3_model::load("qwen3-asr.gguf", /*n_threads=*/0, /*device=*/"auto");
 //   m->hp.text.n_layer;   // 28 for Qwen3-ASR-0.6B
 //
-// CPU for now, like the speaker model: the weights live in a buffer of ggml's CPU backend and contexts
-// (qwen3-context.h) compute there. Thread-safety: read-only after load; any number of contexts may use it.
+// The weights live in a buffer of the chosen ggml device (select_device: "auto" takes a GPU where there is one,
+// else the CPU); the audio tower (qwen3-audio.h) and the contexts (qwen3-context.h) compute there through a
+// scheduler, which runs on the CPU the ops the device lacks and reports them. Thread-safety: read-only after
+// load; any number of contexts may use it.
 #pragma once
 
 #include <cstdint>
@@ -77,7 +79,8 @@ class qwen3_model {
   public:
     // Throws std::runtime_error naming `path` for a missing or malformed file, another architecture, a
     // missing tensor or a wrong shape.
-    static std::unique_ptr<qwen3_model> load(const std::string & path, int n_threads);
+    static std::unique_ptr<qwen3_model> load(const std::string & path, int n_threads,
+                                             const std::string & device = "cpu");
     ~qwen3_model();
     qwen3_model(const qwen3_model &) = delete;
     qwen3_model & operator=(const qwen3_model &) = delete;
@@ -86,7 +89,11 @@ class qwen3_model {
     qwen3_hparams hp;
     int n_threads = 0;
     size_t weights_bytes = 0;
-    ggml_backend_dev_t dev = nullptr;  // the CPU device
+    ggml_backend_dev_t dev = nullptr;  // where the weights are, and graphs run
+    // CPU: RoPE by Aural's table op, one node a rotation (qwen3-graph.cpp); other devices, which cannot run a
+    // CPU op, by ggml's products and sums on the same table. The same values: each product and difference is
+    // rounded once in f32 either way. env: AURAL_NO_ROPE_OP=1 takes ggml's ops on the CPU too (tests, A/B).
+    bool rope_op = false;
 
     // audio tower: conv stem [3, 3, c_in, n_conv] x3, conv_out [n_conv * f, n_state], layers, ln_post, proj1/2
     qwen3_linear conv[3];

@@ -261,8 +261,8 @@ void speaker_model::bind_tensors() {
 }
 
 void speaker_model::read_weights(gguf_context * meta) {
-    weights_ = read_host_weights(meta, ctx_, ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)),
-                                 path);
+    weights_ = aural::read_weights(meta, ctx_, ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)),
+                                      path);
     weights_bytes = ggml_backend_buffer_get_size(weights_);
 }
 

@@ -237,6 +237,25 @@ def test_qwen3_asr_steps_reuse_one_graph_with_the_bits_of_graphs_built_anew(tmp_
     assert runs[False][1] == [False] * 6 and runs[False][2] == {"graph_builds": 7, "graph_reuses": 0}
 
 
+def test_qwen3_asr_rope_by_ggml_ops_gives_the_table_ops_bits(tmp_path, monkeypatch):
+    """Devices rotate q and k with ggml's products and sums on the RoPE table, the CPU with Aural's op: each
+    product and difference is rounded once in f32 either way, so the logits are the same bits."""
+    make_checkpoint(tmp_path / "ckpt")
+    path = str(convert_model(tmp_path / "ckpt", tmp_path / "q.gguf", wtype="f32"))
+    audio_token = N_TEXT + 5
+    prompt = np.array([N_TEXT + 1, 5, audio_token, audio_token, N_TEXT + 4, 7, 8, 9], dtype=np.int32)
+    audio = np.random.default_rng(2).normal(0, 1, (2, 96)).astype(np.float32)
+    runs = []
+    for ggml_ops in (False, True):
+        monkeypatch.setenv("AURAL_NO_ROPE_OP", "1" if ggml_ops else "0")
+        ctx = _native.Qwen3Context(_native.Qwen3Model(path), n_ctx=64, kv_type="f32")
+        logits = [ctx.decode(prompt, audio=audio, all_logits=True)[-1]]
+        for _ in range(4):
+            logits.append(ctx.decode(np.array([logits[-1].argmax()], dtype=np.int32)))
+        runs.append(np.array(logits))
+    assert np.array_equal(runs[0], runs[1])
+
+
 @needs_reference
 def test_qwen3_asr_official_checkpoint_layout_converts(qwen_official, tmp_path):
     """A checkpoint of Qwen's own code (its config serialisers; every tensor of the model's state dict, the tied

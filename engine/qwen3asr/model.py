@@ -26,9 +26,13 @@ class Qwen3AsrModel:
         tokenizer: the tokenizers.Tokenizer the converter stored (Qwen2's byte-level BPE and the added tokens).
         eos: the end-of-sequence ids (generation_config.json's eos_token_id).
         name: the file's stem, as sessions and logs name the model.
+
+    `device` is a ggml device name ("cpu", "Vulkan0", "auto"). The app and the CLI keep Qwen3-ASR on the CPU:
+    a GPU driver's fault would end this process, and Whisper's device process (engine/isolation), which
+    contains that, does not run Qwen3-ASR yet. The device tier of the tests and the benchmarks name devices.
     """
 
-    def __init__(self, path: str | Path, *, n_threads: int = 0) -> None:
+    def __init__(self, path: str | Path, *, n_threads: int = 0, device: str = "cpu") -> None:
         from aural import _native
 
         self.path = Path(path)
@@ -41,7 +45,7 @@ class Qwen3AsrModel:
             raise ModelError(f"{self.path} has no tokenizer ({_TOKENIZER_KEY}).")
         self.tokenizer = Tokenizer.from_str(bytes(field.parts[field.data[0]]).decode("utf-8"))
         try:
-            self.native = _native.Qwen3Model(str(self.path), n_threads=n_threads)
+            self.native = _native.Qwen3Model(str(self.path), n_threads=n_threads, device=device)
         except RuntimeError as exc:
             raise ModelError(str(exc)) from exc
         self.eos = frozenset(self.native.eos_tokens)

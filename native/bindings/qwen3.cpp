@@ -82,11 +82,14 @@ py::array_t<float> decode(context_handle & self, const int_array & tokens, const
 void register_qwen3(py::module_ & m) {
     py::class_<qwen3_model, std::shared_ptr<qwen3_model>>(
         m, "Qwen3Model", "Qwen3-ASR weights from a GGUF written by `aural models convert`, on the CPU; read-only.")
-        .def(py::init([](const std::string & path, int n_threads) {
+        .def(py::init([](const std::string & path, int n_threads, const std::string & device) {
                  py::gil_scoped_release release;
-                 return std::shared_ptr<qwen3_model>(qwen3_model::load(path, n_threads));
+                 return std::shared_ptr<qwen3_model>(qwen3_model::load(path, n_threads, device));
              }),
-             py::arg("path"), py::kw_only(), py::arg("n_threads") = 0, "Load `path`; n_threads 0 = default.")
+             py::arg("path"), py::kw_only(), py::arg("n_threads") = 0, py::arg("device") = "cpu",
+             "Load `path` onto `device` ('cpu', 'auto': a GPU where there is one, or a device name such as "
+             "'Vulkan0'); n_threads 0 = default.")
+        .def_property_readonly("device", [](const qwen3_model & s) { return std::string(ggml_backend_dev_name(s.dev)); })
         .def_property_readonly("n_vocab", [](const qwen3_model & s) { return s.hp.text.n_vocab; })
         .def_property_readonly("n_state", [](const qwen3_model & s) { return s.hp.text.n_state; })
         .def_property_readonly("audio_token", [](const qwen3_model & s) { return s.hp.audio_token; })
@@ -109,6 +112,8 @@ void register_qwen3(py::module_ & m) {
              }),
              py::arg("model"), py::kw_only(), py::arg("windows_per_graph") = 1,
              "windows_per_graph: attention windows (8 s each) computed by one graph.")
+        .def_property_readonly("fallback_ops", [](const encoder_handle & s) { return s.encoder->report.fallback_ops; },
+                               "Ops of the tower's graph that the model's device lacks, run on the CPU.")
         .def("encode", &encode, py::arg("mel"), py::kw_only(), py::arg("n_layers") = py::none(),
              "The vectors (A, n_out) float32 of a 128-bin log-mel (n_mels, n_frames): one per 8 frames. n_layers: "
              "stop after that many layers and return the hidden states (A, n_state) before ln_post (0: the stem).");
@@ -156,6 +161,8 @@ void register_qwen3(py::module_ & m) {
             },
             "The last decode call's compute_ms, kv_io_ms and kv_io_bytes (host mode's traffic), and build_ms "
             "(building and allocating its graph; 0 with reused True).")
+        .def_property_readonly("fallback_ops", [](const context_handle & s) { return s.ctx->report().fallback_ops; },
+                               "Ops of the last decoder graph built that the model's device lacks, run on the CPU.")
         .def_property_readonly(
             "stats",
             [](const context_handle & s) {
