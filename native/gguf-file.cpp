@@ -82,29 +82,65 @@ ggml_backend_buffer_t read_weights(gguf_context * meta, ggml_context * tensors, 
     }
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     try {
-        file_ptr file(std::fopen(path.c_str(), "rb"));
-        if (!file) {
-            throw std::runtime_error(path + ": cannot open for reading");
-        }
-        const size_t data_offset = gguf_get_data_offset(meta);
-        const bool host = ggml_backend_buffer_is_host(buf);
-        std::vector<uint8_t> staging;  // a device's tensor: read here, then uploaded
-        for (int64_t i = 0; i < gguf_get_n_tensors(meta); ++i) {
-            ggml_tensor * t = ggml_get_tensor(tensors, gguf_get_tensor_name(meta, i));
-            const size_t nbytes = ggml_nbytes(t);
-            if (!host) staging.resize(nbytes);
-            void * into = host ? t->data : staging.data();
-            if (std::fseek(file.get(), static_cast<long>(data_offset + gguf_get_tensor_offset(meta, i)), SEEK_SET) != 0 ||
-                std::fread(into, 1, nbytes, file.get()) != nbytes) {
-                throw std::runtime_error(path + ": truncated (tensor '" + ggml_get_name(t) + "' is cut short)");
-            }
-            if (!host) ggml_backend_tensor_set(t, staging.data(), 0, nbytes);
-        }
+        read_tensor_data(meta, tensors, path);
     } catch (...) {
         ggml_backend_buffer_free(buf);
         throw;
     }
     return buf;
+}
+
+std::vector<ggml_backend_buffer_t> allocate_weights(
+    const std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> & groups, const std::string & path) {
+    std::vector<ggml_backend_buffer_t> buffers;
+    try {
+        for (const auto & [buft, group] : groups) {
+            const size_t align = ggml_backend_buft_get_alignment(buft);
+            size_t size = align;  // room to align the first tensor
+            for (const ggml_tensor * t : group) {
+                size += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+            }
+            ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, size);
+            if (!buf) {
+                throw std::runtime_error(path + ": cannot allocate " + std::to_string(size >> 20) + " MiB of weights in " +
+                                         ggml_backend_buft_name(buft) + " (out of memory?)");
+            }
+            buffers.push_back(buf);
+            ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+            ggml_tallocr talloc = ggml_tallocr_new(buf);
+            for (ggml_tensor * t : group) {
+                if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
+                    throw std::runtime_error(path + ": cannot place '" + ggml_get_name(t) + "' in " +
+                                             ggml_backend_buft_name(buft));
+                }
+            }
+        }
+    } catch (...) {
+        for (ggml_backend_buffer_t buf : buffers) ggml_backend_buffer_free(buf);
+        throw;
+    }
+    return buffers;
+}
+
+void read_tensor_data(gguf_context * meta, ggml_context * tensors, const std::string & path) {
+    file_ptr file(std::fopen(path.c_str(), "rb"));
+    if (!file) {
+        throw std::runtime_error(path + ": cannot open for reading");
+    }
+    const size_t data_offset = gguf_get_data_offset(meta);
+    std::vector<uint8_t> staging;  // a device's tensor: read here, then uploaded
+    for (int64_t i = 0; i < gguf_get_n_tensors(meta); ++i) {
+        ggml_tensor * t = ggml_get_tensor(tensors, gguf_get_tensor_name(meta, i));
+        const size_t nbytes = ggml_nbytes(t);
+        const bool host = ggml_backend_buffer_is_host(t->buffer);
+        if (!host) staging.resize(nbytes);
+        void * into = host ? t->data : staging.data();
+        if (std::fseek(file.get(), static_cast<long>(data_offset + gguf_get_tensor_offset(meta, i)), SEEK_SET) != 0 ||
+            std::fread(into, 1, nbytes, file.get()) != nbytes) {
+            throw std::runtime_error(path + ": truncated (tensor '" + ggml_get_name(t) + "' is cut short)");
+        }
+        if (!host) ggml_backend_tensor_set(t, staging.data(), 0, nbytes);
+    }
 }
 
 }  // namespace aural

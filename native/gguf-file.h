@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,10 +50,18 @@ std::string shape_str(const ggml_tensor * t);
 ggml_tensor * require_tensor(ggml_context * tensors, const std::string & name, std::initializer_list<int64_t> ne,
                              const std::string & path);
 
-// Allocates every tensor of `tensors` in one buffer of `buft` and reads each one from the file: straight into
-// place in host memory (the CPU's), through a staging copy into a device's. Returns the buffer, marked as
-// weights; throws naming `path`.
+// Allocates every tensor of `tensors` in one buffer of `buft` and reads each one from the file (read_tensor_data).
+// Returns the buffer, marked as weights; throws naming `path`.
 ggml_backend_buffer_t read_weights(gguf_context * meta, ggml_context * tensors, ggml_backend_buffer_type_t buft,
                                    const std::string & path);
+
+// Allocates each group of tensors (buffer type -> tensors) in one buffer of its type, marked as weights; the
+// caller frees them. Throws naming `path` when one cannot be had.
+std::vector<ggml_backend_buffer_t> allocate_weights(
+    const std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> & groups, const std::string & path);
+
+// Reads every tensor of the file into its allocated twin in `tensors`: straight into place in host memory (the
+// CPU's), through a staging copy into a device's. Throws naming `path` when the file is cut short.
+void read_tensor_data(gguf_context * meta, ggml_context * tensors, const std::string & path);
 
 }  // namespace aural

@@ -1,5 +1,6 @@
 #include "qwen3-model.h"
 
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -45,7 +46,7 @@ std::unique_ptr<qwen3_model> qwen3_model::load(const std::string & path, int n_t
 }
 
 qwen3_model::~qwen3_model() {
-    if (weights_) ggml_backend_buffer_free(weights_);
+    for (ggml_backend_buffer_t buf : buffers_) ggml_backend_buffer_free(buf);
     if (ctx_) ggml_free(ctx_);
 }
 
@@ -152,8 +153,21 @@ void qwen3_model::bind_tensors() {
 }
 
 void qwen3_model::read_weights(gguf_context * meta) {
-    weights_ = aural::read_weights(meta, ctx_, ggml_backend_dev_buffer_type(dev), path);
-    weights_bytes = ggml_backend_buffer_get_size(weights_);
+    ggml_backend_buffer_type_t on_device = ggml_backend_dev_buffer_type(dev);
+    ggml_backend_buffer_type_t on_cpu = ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> groups;
+    for (ggml_tensor * t = ggml_get_first_tensor(ctx_); t; t = ggml_get_next_tensor(ctx_, t)) {
+        const bool held = ggml_backend_dev_supports_op(dev, t);
+        if (!held) host_weights.emplace_back(ggml_get_name(t));
+        groups[held ? on_device : on_cpu].push_back(t);
+    }
+    if (!host_weights.empty()) {
+        AURAL_LOG_WARN("%s cannot hold %zu weight tensors (%s, ...): they stay in the CPU's memory, and their products "
+                       "run on the CPU", ggml_backend_dev_name(dev), host_weights.size(), host_weights[0].c_str());
+    }
+    buffers_ = allocate_weights(groups, path);
+    for (ggml_backend_buffer_t buf : buffers_) weights_bytes += ggml_backend_buffer_get_size(buf);
+    read_tensor_data(meta, ctx_, path);
 }
 
 }  // namespace aural

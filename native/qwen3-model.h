@@ -89,6 +89,10 @@ class qwen3_model {
     qwen3_hparams hp;
     int n_threads = 0;
     size_t weights_bytes = 0;
+    // Weights the device cannot hold (ggml_backend_dev_supports_op refuses them: llvmpipe's Vulkan took no
+    // tensor over its storage-buffer limit, which Qwen3-ASR-0.6B's 151936-row embedding passes), kept in the
+    // CPU's memory; the scheduler runs their products on the CPU.
+    std::vector<std::string> host_weights;
     ggml_backend_dev_t dev = nullptr;  // where the weights are, and graphs run
     // CPU: RoPE by Aural's table op, one node a rotation (qwen3-graph.cpp); other devices, which cannot run a
     // CPU op, by ggml's products and sums on the same table. The same values: each product and difference is
@@ -116,7 +120,7 @@ class qwen3_model {
     void read_weights(gguf_context * meta);
 
     ggml_context * ctx_ = nullptr;  // tensor metadata
-    ggml_backend_buffer_t weights_ = nullptr;
+    std::vector<ggml_backend_buffer_t> buffers_;  // the weights: the device's, and the CPU's for what it refuses
 };
 
 }  // namespace aural

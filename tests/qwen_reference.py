@@ -31,3 +31,20 @@ def make_official(directory: Path, wav: Path) -> Path:
         run_reference("run", directory / "ckpt", "--mel", directory / "mel.npy", "--tokens", directory / "tokens.npy",
                       "--out", directory / f"{precision}.npz", "--precision", precision)
     return directory
+
+
+def official_generate(ckpt: Path, wav: Path, directory: Path, *, seconds: float, new_tokens: int) -> tuple[Path, Path, list[int]]:
+    """The first `seconds` of `wav` as a 16-bit WAV in `directory`, the official processor's prompt ids for it
+    (a .npy) and the official generate's first `new_tokens` greedy tokens on the checkpoint at `ckpt`."""
+    import numpy as np
+    import soundfile
+
+    from aural.engine.audio import load_audio
+
+    clip = directory / "clip.wav"
+    soundfile.write(clip, load_audio(wav)[:round(seconds * 16000)], 16000, subtype="PCM_16")
+    run_reference("mel", clip, "--out", directory / "mel.npy")
+    run_reference("prompt", ckpt, "--mel", directory / "mel.npy", "--out", directory / "ids.npy")
+    run_reference("run", ckpt, "--mel", directory / "mel.npy", "--tokens", directory / "ids.npy",
+                  "--out", directory / "ref.npz", "--new-tokens", str(new_tokens))
+    return clip, directory / "ids.npy", np.load(directory / "ref.npz")["generated"].tolist()

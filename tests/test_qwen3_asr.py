@@ -286,7 +286,14 @@ def test_qwen3_asr_text_decoder_follows_the_official_code(qwen_official, tmp_pat
     assert 0 < e_ref < 1e-3 * np.abs(ref64["logits"]).max()
     bound = 4 * e_ref if kv_type == "f32" else e_ref * F16_STEP / F32_STEP
     model = _native.Qwen3Model(str(convert_model(qwen_official / "ckpt", tmp_path / "q.gguf", wtype="f32")))
-    ctx = _native.Qwen3Context(model, n_ctx=256, kv_type=kv_type)
+    generated = follow_official_generate(_native.Qwen3Context(model, n_ctx=256, kv_type=kv_type), ref64, bound)
+    if kv_type == "f32":
+        assert generated == ref64["generated"].tolist()
+
+
+def follow_official_generate(ctx, ref64, bound: float) -> list[int]:
+    """The official run's prompt decoded in one batch on `ctx` (every token's logits within `bound` of the
+    float64 run's), then its greedy steps one token at a time (each step's logits too); returns the tokens."""
     tokens = ref64["tokens"].astype(np.int32)
     logits = ctx.decode(tokens, audio=ref64["audio_out"].astype(np.float32), all_logits=True)
     assert np.abs(logits - ref64["logits"]).max() <= bound
@@ -297,8 +304,7 @@ def test_qwen3_asr_text_decoder_follows_the_official_code(qwen_official, tmp_pat
     generated.append(int(steps[-1].argmax()))
     assert ctx.n_past == len(tokens) + len(generated) - 1
     assert np.abs(np.array(steps) - ref64["generated_logits"]).max() <= bound
-    if kv_type == "f32":
-        assert generated == ref64["generated"].tolist()
+    return generated
 
 
 @needs_reference

@@ -16,12 +16,12 @@ import pytest
 
 from aural import _native
 from aural.engine.models.importers import convert_model
-from qwen_reference import needs_reference
+from qwen_reference import needs_reference, official_generate
+from test_qwen3_asr import F16_STEP, F32_STEP, follow_official_generate
 
 BACKEND = os.environ.get("AURAL_TEST_BACKEND", "")
 pytestmark = [pytest.mark.device, pytest.mark.skipif(not BACKEND, reason="AURAL_TEST_BACKEND names no device"),
               needs_reference]
-F32_STEP, F16_STEP = 2.0**-24, 2.0**-11
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,7 @@ def models(qwen_official, tmp_path_factory):
 def test_qwen3_runs_whole_on_the_device(models):
     model = models[BACKEND]
     assert model.device.lower() == BACKEND.lower()
+    assert model.host_weights == []  # the small checkpoint's tensors all fit a device's buffers
     ctx = _native.Qwen3Context(model, n_ctx=64)
     ctx.decode(np.array([1, 2, 3], dtype=np.int32))
     assert ctx.fallback_ops == []  # RoPE by ggml's ops: nothing left for the CPU
@@ -44,38 +45,19 @@ def test_qwen3_decoder_on_the_device_follows_the_official_code(models, qwen_offi
     float64 run, and the official generate's tokens."""
     ref32, ref64 = np.load(qwen_official / "f32.npz"), np.load(qwen_official / "f64.npz")
     e_ref = np.abs(ref32["logits"] - ref64["logits"]).max()
-    bound = e_ref * F16_STEP / F32_STEP
     ctx = _native.Qwen3Context(models[BACKEND], n_ctx=256, kv_type="f32")
-    tokens = ref64["tokens"].astype(np.int32)
-    logits = ctx.decode(tokens, audio=ref64["audio_out"].astype(np.float32), all_logits=True)
-    assert np.abs(logits - ref64["logits"]).max() <= bound
-    generated, steps = [], [logits[-1]]
-    for _ in range(len(ref64["generated"]) - 1):
-        generated.append(int(steps[-1].argmax()))
-        steps.append(ctx.decode(np.array(generated[-1:], dtype=np.int32)))
-    generated.append(int(steps[-1].argmax()))
-    assert np.abs(np.array(steps) - ref64["generated_logits"]).max() <= bound
+    generated = follow_official_generate(ctx, ref64, e_ref * F16_STEP / F32_STEP)
     assert generated == ref64["generated"].tolist()
 
 
 def test_qwen3_transcribes_on_the_device_as_the_official_code(models, qwen_official, jfk_wav, tmp_path):
     """As the CPU's end-to-end test: 5 s of JFK (one attention window), numpy log-mel, the tower and the decoder
     on the device with f32 weights and arena: the 12 tokens of the official generate."""
-    import soundfile
-
     from aural.engine.audio import load_audio
     from aural.engine.qwen3asr import transcribe_qwen3
     from aural.engine.qwen3asr.model import Qwen3AsrModel
-    from qwen_reference import run_reference
 
-    clip = tmp_path / "jfk5.wav"
-    soundfile.write(clip, load_audio(jfk_wav)[:5 * 16000], 16000, subtype="PCM_16")
-    ckpt = qwen_official / "ckpt"
-    run_reference("mel", clip, "--out", tmp_path / "mel.npy")
-    run_reference("prompt", ckpt, "--mel", tmp_path / "mel.npy", "--out", tmp_path / "ids.npy")
-    run_reference("run", ckpt, "--mel", tmp_path / "mel.npy", "--tokens", tmp_path / "ids.npy",
-                  "--out", tmp_path / "ref.npz", "--new-tokens", "12")
-    expected = np.load(tmp_path / "ref.npz")["generated"].tolist()
+    clip, _, expected = official_generate(qwen_official / "ckpt", jfk_wav, tmp_path, seconds=5, new_tokens=12)
     model = Qwen3AsrModel(models[BACKEND].path, device=BACKEND)
     assert model.native.device.lower() == BACKEND.lower()
     (chunk,) = transcribe_qwen3(model, load_audio(clip), max_new_tokens=12, kv_type="f32")

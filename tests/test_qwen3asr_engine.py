@@ -11,7 +11,7 @@ from aural.engine.models.importers import convert_model
 from aural.engine.qwen3asr import parse_output, split_chunks
 from aural.engine.qwen3asr.model import Qwen3AsrModel
 from aural.engine.qwen3asr.text import fix_repetitions
-from qwen_reference import needs_reference, run_reference
+from qwen_reference import needs_reference, official_generate, run_reference
 
 
 @pytest.mark.parametrize("raw, forced, expected", [
@@ -73,24 +73,16 @@ def test_qwen3_transcription_follows_the_official_code_end_to_end(qwen_official,
     import subprocess
     import sys
 
-    import soundfile
-
     from aural.engine.audio import load_audio
     from aural.engine.qwen3asr import transcribe_qwen3
 
-    clip = tmp_path / "jfk5.wav"
-    soundfile.write(clip, load_audio(jfk_wav)[:5 * 16000], 16000, subtype="PCM_16")
     ckpt = qwen_official / "ckpt"
-    run_reference("mel", clip, "--out", tmp_path / "mel.npy")
-    run_reference("prompt", ckpt, "--mel", tmp_path / "mel.npy", "--out", tmp_path / "ids.npy")
-    run_reference("run", ckpt, "--mel", tmp_path / "mel.npy", "--tokens", tmp_path / "ids.npy",
-                  "--out", tmp_path / "ref.npz", "--new-tokens", "12")
-    expected = np.load(tmp_path / "ref.npz")["generated"].tolist()
+    clip, ids, expected = official_generate(ckpt, jfk_wav, tmp_path, seconds=5, new_tokens=12)
     gguf_path = convert_model(ckpt, tmp_path / "q.gguf", wtype="f32")
     model = Qwen3AsrModel(gguf_path)
     (chunk,) = transcribe_qwen3(model, load_audio(clip), max_new_tokens=12, kv_type="f32")
     assert list(chunk.tokens) == expected
-    assert chunk.prompt_tokens == len(np.load(tmp_path / "ids.npy"))
+    assert chunk.prompt_tokens == len(np.load(ids))
     assert (chunk.start, chunk.end) == (0.0, 5.0)
 
     out = subprocess.run([sys.executable, "-m", "aural.engine.cli", "transcribe", str(clip), "-m", str(gguf_path),

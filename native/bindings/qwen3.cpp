@@ -90,6 +90,8 @@ void register_qwen3(py::module_ & m) {
              "Load `path` onto `device` ('cpu', 'auto': a GPU where there is one, or a device name such as "
              "'Vulkan0'); n_threads 0 = default.")
         .def_property_readonly("device", [](const qwen3_model & s) { return std::string(ggml_backend_dev_name(s.dev)); })
+        .def_property_readonly("host_weights", [](const qwen3_model & s) { return s.host_weights; },
+                               "Weights the device cannot hold, kept in the CPU's memory (their products run there).")
         .def_property_readonly("n_vocab", [](const qwen3_model & s) { return s.hp.text.n_vocab; })
         .def_property_readonly("n_state", [](const qwen3_model & s) { return s.hp.text.n_state; })
         .def_property_readonly("audio_token", [](const qwen3_model & s) { return s.hp.audio_token; })
