@@ -1,5 +1,6 @@
 #include "qwen3-context.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -11,8 +12,9 @@
 namespace aural {
 
 qwen3_context::qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv_type, kv_mode mode,
-                             bool graph_reuse)
-    : m_(m), mode_(mode), reuse_enabled_(graph_reuse && !env_flag("AURAL_NO_GRAPH_REUSE")) {
+                             bool graph_reuse, uint32_t max_ubatch)
+    : m_(m), mode_(mode), ubatch_(max_ubatch > 0 ? max_ubatch : decoder_ubatch_limit(m.dev)),
+      reuse_enabled_(graph_reuse && !env_flag("AURAL_NO_GRAPH_REUSE")) {
     if (kv_type != GGML_TYPE_F16 && kv_type != GGML_TYPE_F32) {
         throw std::invalid_argument("the KV arena holds f16 or f32");
     }
@@ -69,19 +71,37 @@ void qwen3_context::decode(const int32_t * tokens, int64_t n, const float * audi
         throw std::invalid_argument(std::to_string(audio_rows.size()) + " audio tokens for " + std::to_string(n_audio) +
                                     " audio embeddings");
     }
-    kv_update step;
-    for (int64_t i = 0; i < n; ++i) {
-        step.pos.push_back(static_cast<int32_t>(n_past_ + i));
-        step.seq.push_back(0);
+    if (n_past_ + n > kv_->n_ctx()) {  // checked before any piece is appended: nothing is, then
+        throw std::length_error("the context holds " + std::to_string(kv_->n_ctx()) + " tokens: " +
+                                std::to_string(n_past_) + " + " + std::to_string(n) + " do not fit");
     }
-    const std::vector<int64_t> cells = kv_->apply(step);  // throws length_error on overflow, arena unchanged
-    try {
-        run(tokens, n, step.pos, cells, audio, n_audio, audio_rows, logits, all);
-    } catch (...) {
-        clear();  // the arena holds this batch's cells but not their K/V: the session starts over
-        throw;
+    last_ = {};
+    last_.reused = true;
+    std::vector<float> scratch(all ? 0 : hp.text.n_vocab);  // the last token's logits of a piece before the last
+    size_t audio_done = 0;
+    for (int64_t start = 0; start < n; start += ubatch_) {
+        const int64_t len = std::min<int64_t>(ubatch_, n - start);
+        kv_update step;
+        std::vector<int64_t> rows;  // this piece's audio rows, counted from its start
+        for (int64_t i = start; i < start + len; ++i) {
+            step.pos.push_back(static_cast<int32_t>(n_past_ + (i - start)));
+            step.seq.push_back(0);
+        }
+        while (audio_done + rows.size() < audio_rows.size() && audio_rows[audio_done + rows.size()] < start + len) {
+            rows.push_back(audio_rows[audio_done + rows.size()] - start);
+        }
+        float * out = all ? logits + start * hp.text.n_vocab : (start + len == n ? logits : scratch.data());
+        try {
+            const std::vector<int64_t> cells = kv_->apply(step);
+            run(tokens + start, len, step.pos, cells, audio ? audio + audio_done * hp.text.n_state : nullptr,
+                static_cast<int64_t>(rows.size()), rows, out, all);
+        } catch (...) {
+            clear();  // the arena holds this piece's cells but not their K/V: the session starts over
+            throw;
+        }
+        audio_done += rows.size();
+        n_past_ += static_cast<uint32_t>(len);
     }
-    n_past_ += static_cast<uint32_t>(n);
 }
 
 void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int32_t> & pos,
@@ -91,13 +111,12 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
     auto ms_since = [](clock::time_point t0) {
         return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     };
-    last_ = {};
     auto t0 = clock::now();
     const qwen3_graph_shape shape{n, n_audio, all};
     if (can_reuse(shape)) {
-        last_.reused = true;
         ++stats_.graph_reuses;
     } else {
+        last_.reused = false;
         if (graph_.ctx) ggml_free(graph_.ctx);
         graph_ = {};
         ggml_backend_sched_reset(sched_);
@@ -110,7 +129,7 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
         report_ = placement(*backends_, sched_, graph_.gf);
         shape_ = shape;
         ++stats_.graph_builds;
-        last_.build_ms = ms_since(t0);
+        last_.build_ms += ms_since(t0);
     }
     const qwen3_decoder_graph & g = graph_;
     ggml_backend_tensor_set(g.tokens, tokens, 0, ggml_nbytes(g.tokens));
@@ -125,7 +144,10 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
     ggml_backend_tensor_set(g.mask, mask.data(), 0, ggml_nbytes(g.mask));
     if (n_audio > 0) {
         ggml_backend_tensor_set(g.audio, audio, 0, ggml_nbytes(g.audio));
-        ggml_backend_tensor_set(g.audio_rows, audio_rows.data(), 0, ggml_nbytes(g.audio_rows));
+        std::vector<int32_t> order(static_cast<size_t>(n));  // token i: its own row, or row n + k for audio row k
+        for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
+        for (size_t k = 0; k < audio_rows.size(); ++k) order[audio_rows[k]] = static_cast<int32_t>(n + k);
+        ggml_backend_tensor_set(g.embed_order, order.data(), 0, ggml_nbytes(g.embed_order));
     }
     t0 = clock::now();
     if (mode_ == kv_mode::host) {
@@ -136,7 +158,7 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
     if (ggml_backend_sched_graph_compute(sched_, g.gf) != GGML_STATUS_SUCCESS) {
         throw std::runtime_error("the Qwen3 decoder's graph failed to compute");
     }
-    last_.compute_ms = ms_since(t0);
+    last_.compute_ms += ms_since(t0);
     if (mode_ == kv_mode::host) {  // one sequence: its new cells are the rows after the history
         t0 = clock::now();
         last_.kv_io_bytes += kv_->host_download_self(static_cast<uint32_t>(cells.front()), static_cast<uint32_t>(n));

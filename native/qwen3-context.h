@@ -59,8 +59,9 @@ class qwen3_context {
   public:
     // n_ctx: the most tokens (prompt, audio and text) the session holds; kv_type: f16 (the default, half the
     // bytes) or f32 (for comparisons with an f32 reference: no rounding of K and V).
+    // max_ubatch: the most tokens per graph, a longer batch running in pieces (0: the device's limit).
     qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv_type = GGML_TYPE_F16,
-                  kv_mode mode = kv_mode::device, bool graph_reuse = true);
+                  kv_mode mode = kv_mode::device, bool graph_reuse = true, uint32_t max_ubatch = 0);
     ~qwen3_context();
     qwen3_context(const qwen3_context &) = delete;
     qwen3_context & operator=(const qwen3_context &) = delete;
@@ -68,7 +69,8 @@ class qwen3_context {
     // Appends tokens[0..n) at positions n_past() ..; `audio` [n_audio][n_state] replaces the embeddings of the
     // tokens equal to the audio token, in order (their count must be n_audio). Writes the logits of the last
     // token [n_vocab], or with `all` of every token [n][n_vocab]. Throws std::invalid_argument for bad input
-    // and std::length_error when the arena would overflow (nothing is appended then).
+    // and std::length_error when the arena would overflow (nothing is appended then). last() sums the pieces'
+    // times when the batch ran in several graphs.
     void decode(const int32_t * tokens, int64_t n, const float * audio, int64_t n_audio, float * logits, bool all);
     uint32_t n_past() const { return n_past_; }
     // Forget the tokens at positions n_past and after (a prompt whose head is unchanged keeps that head's K/V:
@@ -93,6 +95,9 @@ class qwen3_context {
     ggml_backend_sched_t sched_ = nullptr;
     uint32_t n_past_ = 0;
     kv_mode mode_ = kv_mode::device;
+    // Most tokens per graph (backend.h decoder_ubatch_limit: 31 on Vulkan, whose flash attention's mask pass
+    // crashed llvmpipe, as it did Whisper's decoder); a longer batch runs as pieces in order.
+    uint32_t ubatch_ = 0;
     bool reuse_enabled_ = true;
     qwen3_decoder_graph graph_;  // the last graph built, allocated by sched_; its ctx is owned here
     qwen3_graph_shape shape_;

@@ -102,9 +102,12 @@ qwen3_decoder_graph build_qwen3_decoder(const qwen3_model & m, const kv_cache & 
 
     ggml_tensor * x = ggml_get_rows(ctx, m.embed_tokens, g.tokens);  // [n_state, n_tokens]
     if (n_audio > 0) {  // the audio tokens' rows become the audio tower's output (inputs_embeds.masked_scatter)
+        // As a gather from [token embeddings, audio vectors] rather than ggml_set_rows into the embeddings: that
+        // writes in place, and a device then wrote into the CPU's memory where the embedding table stays on the
+        // CPU (Qwen3-ASR-0.6B's on llvmpipe: SIGBUS in ggml-vulkan). The same copies, so the same values.
         g.audio = input(ctx, GGML_TYPE_F32, tx.n_state, n_audio, "audio");
-        g.audio_rows = input(ctx, GGML_TYPE_I64, n_audio, 0, "audio_rows");
-        x = ggml_set_rows(ctx, x, g.audio, g.audio_rows);
+        g.embed_order = input(ctx, GGML_TYPE_I32, n_tokens, 0, "embed_order");
+        x = ggml_get_rows(ctx, ggml_concat(ctx, x, g.audio, 1), g.embed_order);
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(tx.head_dim));
     for (size_t il = 0; il < m.text_layers.size(); ++il) {

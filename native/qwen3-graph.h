@@ -3,7 +3,7 @@
 // token or of all of them. The audio tower's graph is in qwen3-audio.h.
 //
 //   qwen3_decoder_graph g = build_qwen3_decoder(model, kv, /*n_tokens=*/n, /*n_audio=*/a, /*all_logits=*/false);
-//   // allocate g.gf, set g.tokens, g.rope_cos/sin, g.cells, g.mask (and g.audio, g.audio_rows), compute, read g.logits
+//   // allocate g.gf, set g.tokens, g.rope_cos/sin, g.cells, g.mask (and g.audio, g.embed_order), compute, read g.logits
 //
 // The reference is Qwen's modelling code (qwen-asr 0.0.6, modeling_qwen3_asr.py, Qwen3ASRThinkerTextModel):
 // RMSNorm before attention and MLP, q- and k-norm over each head, RoPE on q and k (rotate_half: ggml's NEOX
@@ -31,7 +31,7 @@ struct qwen3_decoder_graph {
     ggml_tensor * cells = nullptr;       // i64 [n_tokens]: arena rows of the new K/V (kv_cache::apply)
     ggml_tensor * mask = nullptr;        // f16 [n_ctx, n_tokens]: 0 where a token sees a cell, -inf elsewhere
     ggml_tensor * audio = nullptr;       // f32 [n_state, n_audio]: audio embeddings, or null
-    ggml_tensor * audio_rows = nullptr;  // i64 [n_audio]: the batch rows they replace (audio tokens)
+    ggml_tensor * embed_order = nullptr;  // i32 [n_tokens]: the row of [token embeddings, audio] each token takes
     ggml_tensor * logits = nullptr;      // f32 [n_vocab, 1 or n_tokens]
 };
 

@@ -308,6 +308,17 @@ def follow_official_generate(ctx, ref64, bound: float) -> list[int]:
 
 
 @needs_reference
+def test_qwen3_asr_prompt_in_pieces_follows_the_official_code(qwen_official, tmp_path):
+    """The JFK prompt in graphs of at most 7 tokens (as Vulkan runs it in 31s), its audio vectors falling into
+    several pieces: the f32 run's bound and tokens, as in one graph."""
+    ref32, ref64 = np.load(qwen_official / "f32.npz"), np.load(qwen_official / "f64.npz")
+    e_ref = np.abs(ref32["logits"] - ref64["logits"]).max()
+    model = _native.Qwen3Model(str(convert_model(qwen_official / "ckpt", tmp_path / "q.gguf", wtype="f32")))
+    ctx = _native.Qwen3Context(model, n_ctx=256, kv_type="f32", max_ubatch=7)
+    assert follow_official_generate(ctx, ref64, 4 * e_ref) == ref64["generated"].tolist()
+
+
+@needs_reference
 def test_qwen3_asr_context_refuses_what_does_not_fit(qwen_official, tmp_path):
     model = _native.Qwen3Model(str(convert_model(qwen_official / "ckpt", tmp_path / "q.gguf", wtype="f16")))
     ctx = _native.Qwen3Context(model, n_ctx=64)

@@ -124,7 +124,7 @@ void register_qwen3(py::module_ & m) {
                                "A Qwen3-ASR decoding session: the text decoder's KV arena (n_ctx tokens, f16) kept "
                                "in the backend's memory. One thread at a time.")
         .def(py::init([](std::shared_ptr<qwen3_model> model, uint32_t n_ctx, const std::string & kv_type,
-                         const std::string & kv_mode, bool graph_reuse) {
+                         const std::string & kv_mode, bool graph_reuse, uint32_t max_ubatch) {
                  if (kv_type != "f16" && kv_type != "f32") {
                      throw std::invalid_argument("kv_type is f16 or f32, not " + kv_type);
                  }
@@ -132,13 +132,14 @@ void register_qwen3(py::module_ & m) {
                  py::gil_scoped_release release;
                  auto ctx = std::make_unique<qwen3_context>(*model, n_ctx,
                                                             kv_type == "f16" ? GGML_TYPE_F16 : GGML_TYPE_F32, mode,
-                                                            graph_reuse);
+                                                            graph_reuse, max_ubatch);
                  return context_handle{std::move(model), std::move(ctx)};
              }),
              py::arg("model"), py::kw_only(), py::arg("n_ctx") = 1024, py::arg("kv_type") = "f16",
-             py::arg("kv_mode") = "device", py::arg("graph_reuse") = true,
+             py::arg("kv_mode") = "device", py::arg("graph_reuse") = true, py::arg("max_ubatch") = 0,
              "kv_mode 'host': the baseline that keeps the K/V history on the host and moves it every call. "
-             "graph_reuse False (or AURAL_NO_GRAPH_REUSE=1): build every call's graph anew.")
+             "graph_reuse False (or AURAL_NO_GRAPH_REUSE=1): build every call's graph anew. max_ubatch: the most "
+             "tokens per graph, a longer batch running in pieces (0: the device's limit, 31 on Vulkan).")
         .def("decode", &decode, py::arg("tokens"), py::kw_only(), py::arg("audio") = py::none(),
              py::arg("all_logits") = false,
              "Append `tokens` (int32) at the next positions; `audio` (n_audio, n_state) float32 replaces the audio "
