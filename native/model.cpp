@@ -248,7 +248,11 @@ void model::allocate_weights() {
         if (int8_of(t)) {
             continue;  // read_weights fills its int8 copy; the graphs never read the matrix itself
         }
-        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+        // A tensor the device cannot hold (llvmpipe's Vulkan refused any past its storage-buffer limit) stays in
+        // the CPU's memory, where the scheduler runs its products, instead of aborting the first graph.
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_supports_op(dev, t)
+                                              ? ggml_backend_dev_buffer_type(dev)
+                                              : ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
         for (ggml_backend_buffer_type_t e : extras) {
             if (projections.count(t) && buft_runs_matmul(dev, e, t)) {
                 buft = e;
@@ -257,30 +261,14 @@ void model::allocate_weights() {
         }
         groups[buft].push_back(t);
     }
-    for (const auto & [buft, tensors] : groups) {
-        const size_t align = ggml_backend_buft_get_alignment(buft);
-        size_t size = align;  // room to align the first tensor
-        for (const ggml_tensor * t : tensors) {
-            size += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
-        }
-        ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, size);
-        if (!buf) {
-            throw std::runtime_error(path + ": cannot allocate " + std::to_string(size >> 20) + " MiB of weights in " +
-                                     ggml_backend_buft_name(buft) + " (out of memory?)");
-        }
+    for (ggml_backend_buffer_t buf : aural::allocate_weights(groups, path)) {
         buffers_.push_back(buf);
-        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        ggml_tallocr talloc = ggml_tallocr_new(buf);
-        for (ggml_tensor * t : tensors) {
-            if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
-                throw std::runtime_error(path + ": cannot place '" + ggml_get_name(t) + "' in " +
-                                         ggml_backend_buft_name(buft));
-            }
-        }
-        weight_buffers.emplace_back(ggml_backend_buft_name(buft), size);
+        const size_t size = ggml_backend_buffer_get_size(buf);
+        const char * name = ggml_backend_buft_name(ggml_backend_buffer_get_type(buf));
+        weight_buffers.emplace_back(name, size);
         weights_bytes += size;
-        AURAL_LOG_INFO("%zu weight tensors, %.1f MiB in %s", tensors.size(), size / 1048576.0,
-                       ggml_backend_buft_name(buft));
+        AURAL_LOG_INFO("%zu weight tensors, %.1f MiB in %s", groups.at(ggml_backend_buffer_get_type(buf)).size(),
+                       size / 1048576.0, name);
     }
 }
 
