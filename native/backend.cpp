@@ -313,6 +313,14 @@ ggml_backend_sched_t backend_set::make_sched(size_t max_nodes) const {
     return s;
 }
 
+size_t sched_buffer_bytes(ggml_backend_sched_t sched) {
+    size_t n = 0;
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
+        n += ggml_backend_sched_get_buffer_size(sched, ggml_backend_sched_get_backend(sched, i));
+    }
+    return n;
+}
+
 backend_report placement(const backend_set & b, ggml_backend_sched_t sched, ggml_cgraph * gf) {
     backend_report r;
     r.primary = ggml_backend_name(b.primary);

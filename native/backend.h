@@ -122,6 +122,9 @@ struct backend_report {
 // many again: inputs, weights, views) and the copies it adds between backends.
 inline size_t sched_size(size_t graph_nodes) { return 4 * graph_nodes; }
 
+// Bytes of the compute buffers `sched` holds, over all its backends.
+size_t sched_buffer_bytes(ggml_backend_sched_t sched);
+
 // Where the scheduler placed each node of `gf` (allocated on `sched`, made by `b`): nodes per backend, and the
 // ops that fell back from the primary device to the CPU.
 backend_report placement(const backend_set & b, ggml_backend_sched_t sched, ggml_cgraph * gf);

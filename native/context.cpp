@@ -84,15 +84,7 @@ void context::reserve_worst_case() {
     }
 }
 
-size_t context::compute_buffer_bytes() const {
-    size_t n = 0;
-    for (ggml_backend_sched_t s : {sched_enc_, sched_dec_}) {
-        for (int i = 0; i < ggml_backend_sched_get_n_backends(s); ++i) {
-            n += ggml_backend_sched_get_buffer_size(s, ggml_backend_sched_get_backend(s, i));
-        }
-    }
-    return n;
-}
+size_t context::compute_buffer_bytes() const { return sched_buffer_bytes(sched_enc_) + sched_buffer_bytes(sched_dec_); }
 
 
 void context::compute(ggml_backend_sched_t sched, ggml_cgraph * gf) {

@@ -208,9 +208,7 @@ qwen3_audio_encoder::qwen3_audio_encoder(const qwen3_model & m, int n_windows) :
         throw std::runtime_error("cannot allocate the audio tower's compute buffer (out of memory?)");
     }
     report = placement(*backends_, sched_.get(), g.gf);
-    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched_.get()); ++i) {
-        compute_bytes += ggml_backend_sched_get_buffer_size(sched_.get(), ggml_backend_sched_get_backend(sched_.get(), i));
-    }
+    compute_bytes = sched_buffer_bytes(sched_.get());
     AURAL_LOG_INFO("%.1f MiB compute buffer for %d windows per graph on %s", compute_bytes / 1048576.0,
                    windows_per_graph, report.primary.c_str());
 }

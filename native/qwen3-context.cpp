@@ -1,7 +1,6 @@
 #include "qwen3-context.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -46,13 +45,7 @@ void qwen3_context::clear() {
     n_past_ = 0;
 }
 
-size_t qwen3_context::compute_bytes() const {
-    size_t n = 0;
-    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched_); ++i) {
-        n += ggml_backend_sched_get_buffer_size(sched_, ggml_backend_sched_get_backend(sched_, i));
-    }
-    return n;
-}
+size_t qwen3_context::compute_bytes() const { return sched_buffer_bytes(sched_); }
 
 void qwen3_context::decode(const int32_t * tokens, int64_t n, const float * audio, int64_t n_audio, float * logits,
                            bool all) {
@@ -107,11 +100,7 @@ void qwen3_context::decode(const int32_t * tokens, int64_t n, const float * audi
 void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int32_t> & pos,
                         const std::vector<int64_t> & cells, const float * audio, int64_t n_audio,
                         const std::vector<int64_t> & audio_rows, float * logits, bool all) {
-    using clock = std::chrono::steady_clock;
-    auto ms_since = [](clock::time_point t0) {
-        return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-    };
-    auto t0 = clock::now();
+    auto t0 = clock_type::now();
     const qwen3_graph_shape shape{n, n_audio, all};
     if (can_reuse(shape)) {
         ++stats_.graph_reuses;
@@ -149,18 +138,18 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
         for (size_t k = 0; k < audio_rows.size(); ++k) order[audio_rows[k]] = static_cast<int32_t>(n + k);
         ggml_backend_tensor_set(g.embed_order, order.data(), 0, ggml_nbytes(g.embed_order));
     }
-    t0 = clock::now();
+    t0 = clock_type::now();
     if (mode_ == kv_mode::host) {
         last_.kv_io_bytes += kv_->host_upload_self(n_past_);  // the history; the graph writes the new rows
         last_.kv_io_ms += ms_since(t0);
     }
-    t0 = clock::now();
+    t0 = clock_type::now();
     if (ggml_backend_sched_graph_compute(sched_, g.gf) != GGML_STATUS_SUCCESS) {
         throw std::runtime_error("the Qwen3 decoder's graph failed to compute");
     }
     last_.compute_ms += ms_since(t0);
     if (mode_ == kv_mode::host) {  // one sequence: its new cells are the rows after the history
-        t0 = clock::now();
+        t0 = clock_type::now();
         last_.kv_io_bytes += kv_->host_download_self(static_cast<uint32_t>(cells.front()), static_cast<uint32_t>(n));
         last_.kv_io_ms += ms_since(t0);
     }
