@@ -52,7 +52,7 @@ import time
 from collections import deque
 from itertools import accumulate
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -68,7 +68,7 @@ from ..text.tokenizer import TIME_PRECISION, WhisperTokenizer
 from ..vad.gate import FRAME_SAMPLES, SpeechGate, VadOptions
 
 __all__ = ["FLAG_FIELDS", "Partial", "Commit", "Metrics", "Error", "DeviceFallback", "Event", "StreamOptions",
-           "event_dict", "flagged_options", "live_events"]
+           "event_dict", "flagged_options", "live_events", "source_events"]
 
 logger = logging.getLogger(__name__)
 
@@ -1039,35 +1039,43 @@ def live_events(model: WhisperModel, source, options: StreamOptions | None = Non
     Metrics. A source that cannot start, or fails midway, yields an Error instead of raising.
     """
     options = options or StreamOptions()
-    stop = stop or threading.Event()
     stream = _Stream(model, options, kv_mode)
+    heard = yield from source_events(source, stop or threading.Event(), lambda samples: _feed(stream, samples),
+                                     after_read=lambda: _count_drops(stream, source))
+    if heard:
+        yield from stream.flush()
+        yield stream.metrics()
+
+
+def source_events(source, stop: threading.Event, feed: Callable[[np.ndarray], Iterator[Event]], *,
+                  after_read: Callable[[], None] = lambda: None) -> Generator[Event, None, bool]:
+    """Runs a capture source for a live stream: starts it, hands what it delivers to `feed` (whose events are
+    yielded) until `stop` is set or the source ends, then what was captured before the stop; an Error for a
+    source that fails. The source is stopped at the end, or when the consumer closes the generator. Returns
+    False, after an Error, when the source could not start (nothing was heard), else True. `after_read` runs
+    after each read (live_events counts the source's dropped blocks there)."""
     try:
         source.start()
     except AuralError as exc:
         yield Error(str(exc))
-        return
+        return False
     try:
-        yield from _pump(stream, source, stop)
+        while not stop.is_set():
+            samples = source.read(0.1)
+            after_read()
+            if samples is not None:
+                yield from feed(samples)
+            elif source.finished:
+                break
         source.stop()
         while (samples := source.read(0.0)) is not None:  # what was captured before the stop
-            yield from _feed(stream, samples)
-        _count_drops(stream, source)
+            yield from feed(samples)
+        after_read()
         if source.error is not None:
             yield Error(str(source.error))
-        yield from stream.flush()
-        yield stream.metrics()
     finally:
         source.stop()
-
-
-def _pump(stream: _Stream, source, stop: threading.Event) -> Iterator[Event]:
-    while not stop.is_set():
-        samples = source.read(0.1)
-        _count_drops(stream, source)
-        if samples is not None:
-            yield from _feed(stream, samples)
-        elif source.finished:
-            return
+    return True
 
 
 def _count_drops(stream: _Stream, source) -> None:

@@ -36,11 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from aural.engine.features import log_mel_spectrogram
-from aural.engine.errors import AuralError
-from aural.engine.live.streaming import Commit, Error, Metrics, Partial
+from aural.engine.live.streaming import Commit, Error, Metrics, Partial, source_events
 from aural.engine.qwen3asr.model import Qwen3AsrModel
 from aural.engine.qwen3asr.text import parse_output
-from aural.engine.qwen3asr.transcribe import QUIET_WINDOW_S, SAMPLE_RATE
+from aural.engine.qwen3asr.transcribe import SAMPLE_RATE, quietest_point
 
 __all__ = ["Qwen3Stream", "Qwen3StreamOptions", "qwen3_live_events"]
 
@@ -92,27 +91,8 @@ def qwen3_live_events(model: Qwen3AsrModel, source, options: Qwen3StreamOptions 
     the end (`stop` set, the source ended, or the generator closed); a source that cannot start or fails
     yields an Error, and what was heard is decoded and committed either way."""
     stream = Qwen3Stream(model, options, kv_mode=kv_mode)
-    stop = stop or threading.Event()
-    try:
-        source.start()
-    except AuralError as exc:
-        yield Error(str(exc))
-        return
-    try:
-        while not stop.is_set():
-            samples = source.read(0.1)
-            if samples is not None:
-                yield from stream.feed(samples)
-            elif source.finished:
-                break
-        source.stop()
-        while (samples := source.read(0.0)) is not None:  # what was captured before the stop
-            yield from stream.feed(samples)
-        if source.error is not None:
-            yield Error(str(source.error))
+    if (yield from source_events(source, stop or threading.Event(), stream.feed)):
         yield from stream.finish()
-    finally:
-        source.stop()
 
 
 class Qwen3Stream:
@@ -300,15 +280,8 @@ class Qwen3Stream:
         return parse_output(self.model.decode_text(ids), forced_language=self.options.language)[1]
 
     def _quiet_cut(self, last: int) -> int:
-        """The quietest 100 ms of the segment's last `last` samples (their sum of |x|), at its quietest sample."""
-        window = round(QUIET_WINDOW_S * SAMPLE_RATE)
-        start = len(self._audio) - last
-        loud = np.abs(self._audio[start:])
-        if len(loud) <= window:
-            return len(self._audio)
-        sums = np.convolve(loud, np.ones(window, dtype=np.float32), mode="valid")
-        quiet = int(np.argmin(sums))
-        return start + quiet + int(np.argmin(loud[quiet:quiet + window]))
+        """Where the segment ends: the quietest 100 ms of its last `last` samples, at its quietest sample."""
+        return quietest_point(self._audio, len(self._audio) - last, len(self._audio), default=len(self._audio))
 
     def _new_segment(self, start_s: float) -> None:
         self._audio = np.zeros(0, dtype=np.float32)

@@ -53,22 +53,29 @@ class Qwen3Chunk:
     step_ms: float
 
 
+def quietest_point(samples: np.ndarray, left: int, right: int, *, default: int) -> int:
+    """The quietest sample of the quietest QUIET_WINDOW_S (sum of |x|) in samples[left:right]; `default` when the
+    stretch is no longer than that window (split_audio_into_chunks' cut)."""
+    window = max(4, int(QUIET_WINDOW_S * SAMPLE_RATE))
+    if right - left <= window:
+        return default
+    loudness = np.abs(samples[left:right])
+    sums = np.convolve(loudness, np.ones(window, dtype=np.float32), mode="valid")
+    quietest = int(np.argmin(sums))
+    return left + quietest + int(np.argmin(loudness[quietest:quietest + window]))
+
+
 def split_chunks(samples: np.ndarray, max_chunk_s: float = MAX_CHUNK_S) -> list[tuple[np.ndarray, float]]:
     """(chunk, offset in s) pieces of at most about max_chunk_s, cut at a quiet point, that join back into
     `samples` exactly; a piece shorter than MIN_CHUNK_S is padded with zeros (utils.split_audio_into_chunks)."""
     samples = np.asarray(samples, dtype=np.float32)
     total, max_len = len(samples), int(max_chunk_s * SAMPLE_RATE)
-    expand, window = int(SEARCH_S * SAMPLE_RATE), max(4, int(QUIET_WINDOW_S * SAMPLE_RATE))
+    expand = int(SEARCH_S * SAMPLE_RATE)
     pieces, start = [], 0
     while total - start > max_len:
         cut = start + max_len
         left, right = max(start, cut - expand), min(total, cut + expand)
-        boundary = cut
-        if right - left > window:
-            loudness = np.abs(samples[left:right])
-            sums = np.convolve(loudness, np.ones(window, dtype=np.float32), mode="valid")
-            quietest = int(np.argmin(sums))
-            boundary = left + quietest + int(np.argmin(loudness[quietest:quietest + window]))
+        boundary = quietest_point(samples, left, right, default=cut)
         boundary = min(max(boundary, start + 1), total)
         pieces.append((start, boundary))
         start = boundary
