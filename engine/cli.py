@@ -240,7 +240,7 @@ def _model_loader(args: argparse.Namespace) -> Callable[[], Any]:
             if path.suffix == ".gguf" and _architecture(path) == "qwen3-asr":
                 from .qwen3asr import Qwen3AsrModel
 
-                loaded.append(Qwen3AsrModel(path, n_threads=args.threads))
+                loaded.append(Qwen3AsrModel(path, n_threads=args.threads, device=device))
             else:
                 loaded.append(load_model(path, device=device, n_threads=args.threads))
         return loaded[0]
@@ -286,13 +286,13 @@ def _transcribe_qwen3_file(model: Any, path: Path, args: argparse.Namespace) -> 
                         temperature=0.0) for i, c in enumerate(chunks) if c.text]
     language = next((c.language for c in chunks if c.language), forced or "")
     info = TranscriptionInfo(path=str(path), language=language, duration_s=audio_s, model=model.path.name,
-                             backend="CPU", device="CPU", kv_mode=args.kv_mode)
+                             backend=model.backend, device=model.device, kv_mode=args.kv_mode)
     n_tokens = sum(len(c.tokens) for c in chunks)
     timings = Timings(audio_s=audio_s, wall_s=wall_s, rtf=wall_s / max(audio_s, 1e-9), n_windows=len(chunks),
                       encoder_ms=sum(c.encode_ms for c in chunks) / max(1, len(chunks)), n_tokens=n_tokens,
                       compute_ms=(step := sum(c.step_ms * len(c.tokens) for c in chunks) / max(1, n_tokens)),
                       step_compute_ms=step,
-                      backend="CPU", device="CPU", kv_mode=args.kv_mode)
+                      backend=model.backend, device=model.device, kv_mode=args.kv_mode)
     out_path = _output_path(args, path)
     with _open_output(out_path) as fh:
         write_result(args.format, segments, info, timings, fh, max_line_len=args.max_line_len,

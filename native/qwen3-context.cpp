@@ -58,9 +58,11 @@ void qwen3_context::decode(const int32_t * tokens, int64_t n, const float * audi
         if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= hp.text.n_vocab) {
             throw std::invalid_argument("token " + std::to_string(tokens[i]) + " is outside the vocabulary");
         }
-        if (static_cast<uint32_t>(tokens[i]) == hp.audio_token) audio_rows.push_back(i);
+        if (n_audio > 0 && static_cast<uint32_t>(tokens[i]) == hp.audio_token) audio_rows.push_back(i);
     }
-    if (static_cast<int64_t>(audio_rows.size()) != n_audio || (n_audio > 0 && !audio)) {
+    // Without audio, a token equal to the audio pad keeps its own embedding: the official generate passes the
+    // audio features at the prefill alone (cache_position 0), so a pad the model writes is embedded as a token.
+    if (n_audio > 0 && (static_cast<int64_t>(audio_rows.size()) != n_audio || !audio)) {
         throw std::invalid_argument(std::to_string(audio_rows.size()) + " audio tokens for " + std::to_string(n_audio) +
                                     " audio embeddings");
     }

@@ -67,7 +67,8 @@ class qwen3_context {
     qwen3_context & operator=(const qwen3_context &) = delete;
 
     // Appends tokens[0..n) at positions n_past() ..; `audio` [n_audio][n_state] replaces the embeddings of the
-    // tokens equal to the audio token, in order (their count must be n_audio). Writes the logits of the last
+    // tokens equal to the audio token, in order (their count must be n_audio; with no audio, such a token keeps
+    // its own embedding, as a generated one does in the official code). Writes the logits of the last
     // token [n_vocab], or with `all` of every token [n][n_vocab]. Throws std::invalid_argument for bad input
     // and std::length_error when the arena would overflow (nothing is appended then). last() sums the pieces'
     // times when the batch ran in several graphs.

@@ -212,6 +212,26 @@ def test_qwen3_asr_host_kv_mode_moves_the_history_and_changes_no_bit(tmp_path):
     assert runs["host"][1] == [row * (len(prompt) + i + 1) for i in range(3)]  # the history up, one row back
 
 
+def test_qwen3_asr_a_pad_the_model_writes_is_embedded_as_the_token_it_is(tmp_path):
+    """The official generate passes the audio features at the prefill alone (cache_position 0), so an audio pad
+    the model writes after it is embedded as a token: a step on the pad with no audio gives the bits of a step
+    whose one audio vector is the pad's own embedding row. With audio given, every pad must have a vector."""
+    values = make_checkpoint(tmp_path / "ckpt")
+    model = _native.Qwen3Model(str(convert_model(tmp_path / "ckpt", tmp_path / "q.gguf", wtype="f32")))
+    pad = model.audio_token
+    prompt = np.array([N_TEXT + 1, 5, pad, pad, N_TEXT + 4, 7], dtype=np.int32)
+    audio = np.random.default_rng(2).normal(0, 1, (2, model.n_state)).astype(np.float32)
+    own_row = values["model.embed_tokens.weight"][pad][None]
+    steps = []
+    for vector in (None, own_row):
+        ctx = _native.Qwen3Context(model, n_ctx=16, kv_type="f32")
+        ctx.decode(prompt, audio=audio)
+        steps.append(ctx.decode(np.array([pad], dtype=np.int32), audio=vector))
+    assert np.array_equal(steps[0], steps[1])
+    with pytest.raises(ValueError, match="1 audio tokens for 2 audio embeddings"):
+        ctx.decode(np.array([pad], dtype=np.int32), audio=audio)
+
+
 def test_qwen3_asr_steps_reuse_one_graph_with_the_bits_of_graphs_built_anew(tmp_path):
     """Every one-token step after the first runs the graph that step built (its shape is the same: attention
     spans the whole arena, masked); a batch of another length builds its own. Reused or built anew, the
@@ -326,8 +346,9 @@ def test_qwen3_asr_context_refuses_what_does_not_fit(qwen_official, tmp_path):
     with pytest.raises(_native.ContextFullError):
         ctx.decode(np.full(65, 198, dtype=np.int32))  # 65 newlines in 64 cells
     assert ctx.n_past == 0
-    with pytest.raises(ValueError, match="audio tokens"):
-        ctx.decode(tokens[:20])  # audio pads without audio embeddings
+    n_pads = int(np.sum(tokens[:20] == model.audio_token))
+    with pytest.raises(ValueError, match=f"{n_pads} audio tokens for {n_pads - 1} audio embeddings"):  # one short
+        ctx.decode(tokens[:20], audio=np.zeros((n_pads - 1, model.n_state), dtype=np.float32))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         ctx.decode(np.array([model.n_vocab], dtype=np.int32))
     ctx.decode(tokens[:8])

@@ -52,13 +52,13 @@ def test_qwen3_decoder_on_the_device_follows_the_official_code(models, qwen_offi
 
 def test_qwen3_transcribes_on_the_device_as_the_official_code(models, qwen_official, jfk_wav, tmp_path):
     """As the CPU's end-to-end test: 5 s of JFK (one attention window), numpy log-mel, the tower and the decoder
-    on the device with f32 weights and arena: the 12 tokens of the official generate."""
+    on the device with f32 weights and arena, in a device process: the 12 tokens of the official generate."""
     from aural.engine.audio import load_audio
     from aural.engine.qwen3asr import transcribe_qwen3
     from aural.engine.qwen3asr.model import Qwen3AsrModel
 
     clip, _, expected = official_generate(qwen_official / "ckpt", jfk_wav, tmp_path, seconds=5, new_tokens=12)
-    model = Qwen3AsrModel(models[BACKEND].path, device=BACKEND)
-    assert model.native.device.lower() == BACKEND.lower()
+    model = Qwen3AsrModel(models[BACKEND].path, device=BACKEND)  # in a device process, as the app and CLI run it
+    assert model.isolated and model.fallback is None and model.device.lower() == BACKEND.lower()
     (chunk,) = transcribe_qwen3(model, load_audio(clip), max_new_tokens=12, kv_type="f32")
     assert list(chunk.tokens) == expected

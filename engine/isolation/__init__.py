@@ -12,7 +12,8 @@ RuntimeError and `runtime.FallbackSession` redoes the work on the CPU in process
 reach Python.
 
 `RemoteModel` and `RemoteContext` have the attributes and methods of the native Model and Context that the
-engine uses, with the same arguments. Thread contract: calls from any threads are serialised, one at a
+engine uses, with the same arguments; `RemoteQwen3Model` and `RemoteQwen3Context` those of Qwen3Model (with its
+audio tower's `encode_audio`) and Qwen3Context. Thread contract: calls from any threads are serialised, one at a
 time, as the native context's are by its callers; `interrupt()` may come from any thread while a call runs
 (it travels on a socket of its own). A call waits on a socket, so the GIL is free meanwhile.
 """
@@ -37,7 +38,7 @@ import numpy as np
 
 from .child import SHARED_BYTES, Shared
 
-__all__ = ["DeviceProcessLost", "RemoteContext", "RemoteModel"]
+__all__ = ["DeviceProcessLost", "RemoteContext", "RemoteModel", "RemoteQwen3Context", "RemoteQwen3Model"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,8 @@ def _child_command() -> list[str]:
 def _raise_remote(name: str, message: str):
     from aural import _native
 
-    if name == "Interrupted":
-        raise _native.Interrupted(message)
+    if name in ("Interrupted", "ContextFullError"):  # the native module's own: callers catch them by type
+        raise getattr(_native, name)(message)
     kind = getattr(builtins, name, None)
     if isinstance(kind, type) and issubclass(kind, Exception):
         raise kind(message)
@@ -70,7 +71,7 @@ class _Process:
     """The child, its two sockets, the shared memory it leaves result arrays in and the reader of its
     stderr; `call` is one request and its answer."""
 
-    def __init__(self, path: str, device: str, n_threads: int):
+    def __init__(self, kind: str, path: str, device: str, n_threads: int):
         from aural import _native
 
         from .. import cpu
@@ -106,7 +107,7 @@ class _Process:
         self._reader.start()
         self.lost: str | None = None  # why the process is gone, once it is
         self._frees: list[int] = []
-        self._calls.send((path, device, n_threads, _native.get_log_level()))
+        self._calls.send((kind, path, device, n_threads, _native.get_log_level()))
         try:
             self.first = self._answer()  # the model's fields, or the error loading it
         except BaseException:
@@ -156,8 +157,11 @@ class _Process:
             except OSError:
                 raise self._died()  # not `from`: runtime._reason reads __cause__, which would be the OSError
             answer = self._answer()
-            if op == "call" and isinstance(answer[0], Shared):  # copied out before the next call overwrites it
+            # A result in the shared memory is copied out before the next call overwrites it.
+            if op == "call" and isinstance(answer[0], Shared):
                 answer = (self._copy_out(answer[0]), answer[1])
+            elif op == "model" and isinstance(answer, Shared):
+                answer = self._copy_out(answer)
             return answer
 
     def _copy_out(self, shared: Shared) -> np.ndarray:
@@ -191,8 +195,10 @@ class _Process:
 class RemoteModel:
     """The native Model's read-only fields, fetched once at load, and `new_context`."""
 
+    _kind = "whisper"
+
     def __init__(self, path: str, *, device: str, n_threads: int = 0):
-        self._process = _Process(path, device, n_threads)
+        self._process = _Process(self._kind, path, device, n_threads)
         self.__dict__.update(self._process.first)
         self._finalizer = weakref.finalize(self, self._process.close)
 
@@ -236,11 +242,8 @@ class RemoteContext:
             from aural import _native
 
             raise _native.Interrupted("interrupted")
-        value, timings = self._process.call("call", self._id, method, args, kwargs)
-        if method == "encode":
-            self.last_encode = timings
-        elif timings is not None:
-            self.last_timings = timings
+        value, changed = self._process.call("call", self._id, method, args, kwargs)
+        self.__dict__.update(changed)  # last_encode or last_timings (child.KINDS)
         return value
 
     def encode(self, mel) -> None:
@@ -283,3 +286,64 @@ class RemoteContext:
             if name not in self._last_read:
                 raise
         return self._last_read[name]
+
+
+class RemoteQwen3Model(RemoteModel):
+    """A Qwen3-ASR model in a device process: the native Qwen3Model's fields, its audio tower (`encode_audio`)
+    and `new_context`, which makes a Qwen3Context there."""
+
+    _kind = "qwen3-asr"
+
+    def audio_vectors(self, n_frames: int) -> int:
+        return self._process.call("model", "audio_vectors", (n_frames,))
+
+    def encode_audio(self, mel: np.ndarray) -> np.ndarray:
+        """The tower's vectors (A, n_state) of a 128-bin log-mel (128, frames): Qwen3AudioEncoder.encode."""
+        return self._process.call("model", "encode_audio", (mel,))
+
+    def new_context(self, **params: Any) -> RemoteQwen3Context:
+        return RemoteQwen3Context(self, self._process, self._process.call("new_context", params), params)
+
+
+class RemoteQwen3Context:
+    """A native Qwen3Context in the device process: decode, rewind and clear, n_past and the timings as they
+    stand after the last call, and the attributes read between calls (stats, kv_bytes, ...)."""
+
+    def __init__(self, model: RemoteQwen3Model, process: _Process, ctx_id: int, params: dict):
+        self._model = model  # keeps the process alive while the context is
+        self._process = process
+        self._id = ctx_id
+        self.kv_mode = params.get("kv_mode", "device")
+        self.n_past = 0
+        self.last_timings: dict = {}
+        weakref.finalize(self, process.free, ctx_id)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        value, changed = self._process.call("call", self._id, method, args, kwargs)
+        self.__dict__.update(changed)  # n_past, last_timings (child.KINDS)
+        return value
+
+    def decode(self, tokens, audio=None, all_logits: bool = False):
+        return self._call("decode", tokens, audio=audio, all_logits=all_logits)
+
+    def rewind(self, n_past: int) -> None:
+        self._call("rewind", n_past)
+
+    def clear(self) -> None:
+        self._call("clear")
+
+    @property
+    def stats(self) -> dict:
+        return self._process.call("get", self._id, "stats")
+
+    @property
+    def kv_bytes(self) -> int:
+        return self._process.call("get", self._id, "kv_bytes")
+
+    @property
+    def compute_bytes(self) -> int:
+        return self._process.call("get", self._id, "compute_bytes")
+
+    @property
+    def fallback_ops(self) -> list[str]:
+        return self._process.call("get", self._id, "fallback_ops")

@@ -24,6 +24,10 @@ it is the `Partial`. What Aural does otherwise, none of which changes what the m
   sample, so its cost grows with the square of the stream's length.
 There are no word timings (the official streaming has none either): a Commit's start and end are the audio
 consumed when the previous commit and this one were made.
+
+A device that fails under a chunk's decode (`Qwen3AsrModel.run`) hands the stream to the CPU: the segment's audio
+is encoded and decoded there again from nothing, with its forced text, so nothing committed changes, and a
+`DeviceFallback` event says so before the chunk's Partial.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from aural.engine.features import log_mel_spectrogram
-from aural.engine.live.streaming import Commit, Error, Metrics, Partial, source_events
+from aural.engine.live.streaming import Commit, DeviceFallback, Error, Metrics, Partial, source_events
 from aural.engine.qwen3asr.model import Qwen3AsrModel
 from aural.engine.qwen3asr.text import parse_output
 from aural.engine.qwen3asr.transcribe import SAMPLE_RATE, quietest_point
@@ -85,7 +90,7 @@ class Qwen3StreamOptions:
 
 def qwen3_live_events(model: Qwen3AsrModel, source, options: Qwen3StreamOptions | None = None, *,
                       kv_mode: str = "device", stop: threading.Event | None = None,
-                      ) -> Iterator[Partial | Commit | Metrics | Error]:
+                      ) -> Iterator[Partial | Commit | Metrics | Error | DeviceFallback]:
     """Captions of a live source (`capture.MicrophoneSource`, `ReplaySource`, a mix), lazily, as
     `live.streaming.live_events` gives them for Whisper: the source starts on the first iteration and stops at
     the end (`stop` set, the source ended, or the generator closed); a source that cannot start or fails
@@ -110,6 +115,7 @@ class Qwen3Stream:
         from aural import _native
 
         self.model, self.options = model, options or Qwen3StreamOptions()
+        self._kv = dict(kv_mode=kv_mode, kv_type=kv_type)
         self._chunk = round(self.options.chunk_s * SAMPLE_RATE)
         self._window = model.native.audio_window_frames
         self._window_vectors = model.native.audio_vectors(self._window)
@@ -117,8 +123,9 @@ class Qwen3Stream:
         self._head_len = self._prompt(1).index(model.native.audio_token)
         most_frames = int((self.options.max_segment_s + self.options.chunk_s) * SAMPLE_RATE) // 160 + 1
         n_ctx = len(self._prompt(model.native.audio_vectors(most_frames))) + TEXT_BUDGET
-        self._ctx = _native.Qwen3Context(model.native, n_ctx=n_ctx, kv_mode=kv_mode, kv_type=kv_type)
+        self._ctx = model.new_context(n_ctx=n_ctx, **self._kv)
         self._ctx_tokens = n_ctx
+        self._fallbacks: list[DeviceFallback] = []  # not yet reported
         self._context_full = _native.ContextFullError
         self._cost = _StepCost()
         self._pending = np.zeros(0, dtype=np.float32)  # input not yet in a chunk
@@ -159,6 +166,7 @@ class Qwen3Stream:
             yield from self._end_segment(self._quiet_cut(len(chunk)))
         else:
             raw = self._decode(self._audio)
+            yield from self._reported()
             yield from self._advance(raw)
         self._n_steps += 1
         self._spent_s += time.perf_counter() - began
@@ -186,6 +194,7 @@ class Qwen3Stream:
         the next segment with the audio after the cut."""
         rest = self._audio[cut:]
         raw = self._decode(self._audio[:cut])
+        yield from self._reported()
         committed = self._text(raw)
         if not committed.startswith(self._committed):  # parsed otherwise as a whole (a repetition cut short)
             committed = f"{self._committed} {self.model.decode_text(raw[len(self._forced):])}"
@@ -207,7 +216,24 @@ class Qwen3Stream:
     # -- the model -------------------------------------------------------------------------------------
 
     def _decode(self, audio: np.ndarray) -> list[int]:
-        """Greedy ids of the segment's `audio` after its forced text (the forced ids first)."""
+        """Greedy ids of the segment's `audio` after its forced text (the forced ids first), on the CPU from
+        nothing if the device fails under it."""
+        return self.model.run(partial(self._decode_on_model, audio), self._moved_to_cpu)
+
+    def _moved_to_cpu(self, fallback: DeviceFallback) -> None:
+        """The device is gone with the context and the tower's vectors it kept: a new context on the CPU, and
+        nothing kept."""
+        self._ctx = self.model.new_context(n_ctx=self._ctx_tokens, **self._kv)
+        self._mel = np.zeros((128, 0), dtype=np.float32)
+        self._vectors = self._fed_vectors = np.zeros((0, self.model.native.n_state), dtype=np.float32)
+        self._fed = []
+        self._fallbacks.append(fallback)
+
+    def _reported(self) -> Iterator[DeviceFallback]:
+        yield from self._fallbacks
+        self._fallbacks.clear()
+
+    def _decode_on_model(self, audio: np.ndarray) -> list[int]:
         mel = log_mel_spectrogram(audio, 128)
         t = time.perf_counter()
         vectors = self._encode(mel)
@@ -306,7 +332,7 @@ class Qwen3Stream:
             kv_tokens=self._ctx.n_past, kv_capacity_tokens=self._ctx_tokens, kv_mib=self._ctx.n_past * row_mib,
             kv_capacity_mib=self._ctx.kv_bytes / 2**20, graph_builds=stats["graph_builds"],
             graph_reuses=stats["graph_reuses"], first_partial_s=None, commit_lag_s=None, dropped_blocks=0,
-            rewrites=0, backend="CPU", device="CPU", kv_mode=self._ctx.kv_mode)
+            rewrites=0, backend=self.model.backend, device=self.model.device, kv_mode=self._ctx.kv_mode)
 
 
 @dataclass

@@ -10,14 +10,16 @@ log-mel through the audio tower, its vectors in one prompt, greedy decoding unti
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from aural.engine.features import log_mel_spectrogram
 from aural.engine.qwen3asr.model import Qwen3AsrModel
 from aural.engine.qwen3asr.text import parse_output
+from aural.engine.runtime import DeviceFallback
 
 __all__ = ["MAX_CHUNK_S", "MAX_NEW_TOKENS", "Qwen3Chunk", "split_chunks", "transcribe_qwen3"]
 
@@ -92,30 +94,35 @@ def split_chunks(samples: np.ndarray, max_chunk_s: float = MAX_CHUNK_S) -> list[
 
 def transcribe_qwen3(model: Qwen3AsrModel, samples: np.ndarray, *, language: str | None = None, context: str = "",
                      max_new_tokens: int = MAX_NEW_TOKENS, max_chunk_s: float = MAX_CHUNK_S,
-                     kv_mode: str = "device", kv_type: str = "f16") -> Iterator[Qwen3Chunk]:
+                     kv_mode: str = "device", kv_type: str = "f16",
+                     on_fallback: Callable[[DeviceFallback], None] | None = None) -> Iterator[Qwen3Chunk]:
     """Chunks of 16 kHz mono `samples` transcribed in order (a lazy iterator). language: a name the model
     knows ("English", "Chinese", ...) to force, or None to let it say; context: words to bias towards;
     kv_mode "host": the baseline that moves the K/V history every token; kv_type "f32": an arena without
-    f16's rounding (comparisons with an f32 reference)."""
-    from aural import _native
-
+    f16's rounding (comparisons with an f32 reference). A device that fails under a chunk hands it to the CPU
+    (`Qwen3AsrModel.run`), which transcribes it again from its start; `on_fallback` is told."""
     for piece, offset in split_chunks(samples, max_chunk_s):
-        t0 = time.perf_counter()
-        audio = model.encode_audio(log_mel_spectrogram(piece, 128))
-        encode_ms = (time.perf_counter() - t0) * 1e3
-        prompt = model.prompt(len(audio), context=context, language=language)
-        ctx = _native.Qwen3Context(model.native, n_ctx=len(prompt) + max_new_tokens, kv_mode=kv_mode,
-                                   kv_type=kv_type)
-        logits = ctx.decode(np.asarray(prompt, dtype=np.int32), audio=audio)
-        prefill_ms = ctx.last_timings["compute_ms"] + ctx.last_timings["kv_io_ms"]
-        tokens, step_ms = [], 0.0
-        while (token := int(np.argmax(logits))) not in model.eos:
-            tokens.append(token)
-            if len(tokens) == max_new_tokens:
-                break
-            logits = ctx.decode(np.asarray([token], dtype=np.int32))
-            step_ms += ctx.last_timings["compute_ms"] + ctx.last_timings["kv_io_ms"]
-        found, text = parse_output(model.decode_text(tokens), forced_language=language)
-        yield Qwen3Chunk(start=offset, end=offset + len(piece) / SAMPLE_RATE, language=found, text=text,
-                         tokens=tuple(tokens), prompt_tokens=len(prompt), encode_ms=encode_ms,
-                         prefill_ms=prefill_ms, step_ms=step_ms / max(1, len(tokens) - 1))
+        yield model.run(partial(_transcribe_chunk, model, piece, offset, language=language, context=context,
+                                max_new_tokens=max_new_tokens, kv_mode=kv_mode, kv_type=kv_type), on_fallback)
+
+
+def _transcribe_chunk(model: Qwen3AsrModel, piece: np.ndarray, offset: float, *, language: str | None, context: str,
+                      max_new_tokens: int, kv_mode: str, kv_type: str) -> Qwen3Chunk:
+    t0 = time.perf_counter()
+    audio = model.encode_audio(log_mel_spectrogram(piece, 128))
+    encode_ms = (time.perf_counter() - t0) * 1e3
+    prompt = model.prompt(len(audio), context=context, language=language)
+    ctx = model.new_context(n_ctx=len(prompt) + max_new_tokens, kv_mode=kv_mode, kv_type=kv_type)
+    logits = ctx.decode(np.asarray(prompt, dtype=np.int32), audio=audio)
+    prefill_ms = ctx.last_timings["compute_ms"] + ctx.last_timings["kv_io_ms"]
+    tokens, step_ms = [], 0.0
+    while (token := int(np.argmax(logits))) not in model.eos:
+        tokens.append(token)
+        if len(tokens) == max_new_tokens:
+            break
+        logits = ctx.decode(np.asarray([token], dtype=np.int32))
+        step_ms += ctx.last_timings["compute_ms"] + ctx.last_timings["kv_io_ms"]
+    found, text = parse_output(model.decode_text(tokens), forced_language=language)
+    return Qwen3Chunk(start=offset, end=offset + len(piece) / SAMPLE_RATE, language=found, text=text,
+                      tokens=tuple(tokens), prompt_tokens=len(prompt), encode_ms=encode_ms,
+                      prefill_ms=prefill_ms, step_ms=step_ms / max(1, len(tokens) - 1))

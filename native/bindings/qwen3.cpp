@@ -81,7 +81,7 @@ py::array_t<float> decode(context_handle & self, const int_array & tokens, const
 
 void register_qwen3(py::module_ & m) {
     py::class_<qwen3_model, std::shared_ptr<qwen3_model>>(
-        m, "Qwen3Model", "Qwen3-ASR weights from a GGUF written by `aural models convert`, on the CPU; read-only.")
+        m, "Qwen3Model", "Qwen3-ASR weights from a GGUF written by `aural models convert`, on a ggml device; read-only.")
         .def(py::init([](const std::string & path, int n_threads, const std::string & device) {
                  py::gil_scoped_release release;
                  return std::shared_ptr<qwen3_model>(qwen3_model::load(path, n_threads, device));
@@ -90,6 +90,9 @@ void register_qwen3(py::module_ & m) {
              "Load `path` onto `device` ('cpu', 'auto': a GPU where there is one, or a device name such as "
              "'Vulkan0'); n_threads 0 = default.")
         .def_property_readonly("device", [](const qwen3_model & s) { return std::string(ggml_backend_dev_name(s.dev)); })
+        .def_property_readonly("backend", [](const qwen3_model & s) {
+            return std::string(ggml_backend_reg_name(ggml_backend_dev_backend_reg(s.dev)));
+        })
         .def_property_readonly("host_weights", [](const qwen3_model & s) { return s.host_weights; },
                                "Weights the device cannot hold, kept in the CPU's memory (their products run there).")
         .def_property_readonly("n_vocab", [](const qwen3_model & s) { return s.hp.text.n_vocab; })
@@ -105,7 +108,7 @@ void register_qwen3(py::module_ & m) {
         .def_property_readonly("path", [](const qwen3_model & s) { return s.path; });
 
     py::class_<encoder_handle>(m, "Qwen3AudioEncoder",
-                               "Qwen3-ASR's audio tower with its own CPU backend and compute buffer; one thread at a "
+                               "Qwen3-ASR's audio tower on the model's device, with its own compute buffer; one thread at a "
                                "time.")
         .def(py::init([](std::shared_ptr<qwen3_model> model, int windows_per_graph) {
                  py::gil_scoped_release release;
