@@ -238,6 +238,8 @@ def cpu_class() -> str:
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     info["cpu"] = cpu_class()
+    # Switches of ggml and Aural that change what runs (GGML_VK_DISABLE_GRAPH_OPTIMIZE, AURAL_NO_GRAPH_REUSE, ...)
+    info["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("GGML_", "AURAL_"))}
     try:
         info["loadavg_start"] = os.getloadavg()
     except OSError:

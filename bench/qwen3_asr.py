@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             "wall time of the call). KV arena f16: 112 KiB per token. Host: the history goes up before every "
             "call and the new row comes back (the baseline). Graph build: building and allocating a step's graph, "
             "0 where the step reuses the first step's (the default; `AURAL_NO_GRAPH_REUSE=1` turns reuse off)."
-            f"\n\n{table}\n")
+            + "".join(f" Set: `{k}={v}`." for k, v in meta["env"].items()) + f"\n\n{table}\n")
     (RESULTS / f"{args.name}.md").write_text(text)
     print(text)
     return 0
