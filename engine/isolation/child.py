@@ -4,11 +4,12 @@ contexts, served to the parent over two sockets; `KINDS` says what each architec
     python -m aural.engine.isolation.child CALLS_FD CONTROL_FD ARRAYS_FD   # started by aural.engine.isolation
 
 The first message names the kind, the weights, the device, the thread count and the log level; the answer is
-the model's fields or the error loading it. Requests on CALLS_FD are then (frees, op, args) tuples answered in order, one at a time: ("ok", value) or
-("err", exception class name, message). A result array of up to SHARED_BYTES (a decoder step's logits) is
-left in the shared memory ARRAYS_FD maps, and the value says only its shape (`Shared`): through the socket,
-5 beams' 1 MB of logits cost 1.02 ms per step over the in-process call, through the shared memory 0.71
-(tiny.en on the CPU, a 2-core Sapphire Rapids-class VM, 5 interleaved rounds of 100 steps, 2026-12-03).
+the model's fields or the error loading it. Requests on CALLS_FD are then (frees, op, args) tuples answered in
+order, one at a time: ("ok", value) or ("err", exception class name, message). A result array of up to
+SHARED_BYTES (a decoder step's logits) is left in the shared memory ARRAYS_FD maps, and the value says only its
+shape (`Shared`): through the socket, 5 beams' 1 MB of logits cost 1.02 ms per step over the in-process call,
+through the shared memory 0.71 (tiny.en on the CPU, a 2-core Sapphire Rapids-class VM, 5 interleaved rounds
+of 100 steps, 2026-12-03).
 
 CONTROL_FD carries context ids to interrupt; a thread of its own serves it, since the calls socket is busy
 while the call to interrupt runs (`Context.interrupt` is thread-safe). The process ends when the parent
@@ -67,8 +68,8 @@ KINDS = {
         calls={"encode": ("last_encode",), "decode": ("last_timings",), "align": ("last_timings",), "reorder": (),
                "clear_kv": ()}),
     "qwen3-asr": Kind(
-        fields=("device", "backend", "host_weights", "n_vocab", "n_state", "audio_token", "audio_window_frames", "eos_tokens",
-                "weights_bytes", "path"),
+        fields=("device", "backend", "host_weights", "n_vocab", "n_state", "audio_token", "audio_window_frames",
+                "eos_tokens", "weights_bytes", "path"),
         readable=frozenset({"stats", "kv_bytes", "compute_bytes", "fallback_ops"}),
         calls={"decode": ("last_timings", "n_past"), "rewind": ("n_past",), "clear": ("n_past",)},
         model_calls=frozenset({"encode_audio", "audio_vectors"})),
