@@ -224,9 +224,7 @@ class Qwen3Stream:
         """The device is gone with the context and the tower's vectors it kept: a new context on the CPU, and
         nothing kept."""
         self._ctx = self.model.new_context(n_ctx=self._ctx_tokens, **self._kv)
-        self._mel = np.zeros((128, 0), dtype=np.float32)
-        self._vectors = self._fed_vectors = np.zeros((0, self.model.native.n_state), dtype=np.float32)
-        self._fed = []
+        self._forget_kept()
         self._fallbacks.append(fallback)
 
     def _reported(self) -> Iterator[DeviceFallback]:
@@ -311,15 +309,18 @@ class Qwen3Stream:
 
     def _new_segment(self, start_s: float) -> None:
         self._audio = np.zeros(0, dtype=np.float32)
-        self._mel = np.zeros((128, 0), dtype=np.float32)
-        self._vectors = np.zeros((0, self.model.native.n_state), dtype=np.float32)
-        self._fed: list[int] = []
-        self._fed_vectors = self._vectors
+        self._forget_kept()
         self._forced: list[int] = []
         self._committed = ""
         self._chunks = 0
         self._last_commit_s = start_s
         self._first_commit = True
+
+    def _forget_kept(self) -> None:
+        """Nothing of the decodes before is reused: no mel windows or tower vectors, no tokens the context holds."""
+        self._mel = np.zeros((128, 0), dtype=np.float32)
+        self._vectors = self._fed_vectors = np.zeros((0, self.model.native.n_state), dtype=np.float32)
+        self._fed: list[int] = []
 
     def _metrics(self, step_ms: float) -> Metrics:
         cost, stats, calls = self._cost, self._ctx.stats, max(self._cost.calls, 1)
