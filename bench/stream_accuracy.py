@@ -5,9 +5,11 @@ of bench/accuracy.py's sets (dev, long, phone, noisy; 3681 words) is streamed th
 `streaming.live_events` as fast as it decodes (ReplaySource at speed 0: the same steps as at real-time
 pace, without the waiting), and the concatenated commits are scored against the reference with the same
 normaliser. Each configuration runs in its own process with one CPU thread, the configurations side by
-side.
+side. "offline" (greedy) and "offline/b5" (beam 5, the file default) transcribe each file whole with the
+same model and thread count, so the streaming cost (issue #20: stream WER <= offline + 0.5 points) is read
+from one run on one CPU at one commit, not across runs whose kernels round differently.
 
-    .venv/bin/python bench/stream_accuracy.py --configs local-agreement,alignatt-f25
+    .venv/bin/python bench/stream_accuracy.py --configs offline,local-agreement,alignatt-f25
 
 Writes bench/results/<--name>.json and .md (default stream-accuracy).
 """
@@ -63,15 +65,41 @@ def options_of(config: str):
     return StreamOptions(**fields)
 
 
-def stream_sets(config: str, sets: dict) -> dict:
-    """{set: [errors, reference words]} of one configuration, in its own process."""
+def offline_options(config: str):
+    """"offline" (greedy) or "offline/b<beams>", as TranscribeOptions: the file path's defaults otherwise, as
+    bench/accuracy.py sets them."""
+    from aural.engine.transcribe import TranscribeOptions
+
+    _, *extras = config.split("/")
+    beam = 1
+    for extra in extras:
+        if not extra.startswith("b"):
+            raise ValueError(f"unknown configuration part {extra!r} in {config!r}")
+        beam = int(extra[1:])
+    return TranscribeOptions(beam_size=beam)
+
+
+def text_of(config: str):
+    """A function (model, wav path) -> the text one configuration makes of a file."""
     from aural.engine.live.capture import ReplaySource
     from aural.engine.live.streaming import Commit, live_events
+    from aural.engine.transcribe import transcribe
+
+    if config == "offline" or config.startswith("offline/"):
+        options = offline_options(config)
+        return lambda model, wav: " ".join(s.text for s in transcribe(model, wav, options))
+    options = options_of(config)
+    return lambda model, wav: " ".join(
+        e.text for e in live_events(model, ReplaySource(wav, speed=0), options) if isinstance(e, Commit))
+
+
+def stream_sets(config: str, sets: dict) -> dict:
+    """{set: [errors, reference words]} of one configuration, in its own process."""
     from aural.engine.models.store import resolve_model
     from aural.engine.runtime import WhisperModel
 
     model = WhisperModel(resolve_model(None), n_threads=1)
-    options = options_of(config)
+    text = text_of(config)
     out = {}
     with tempfile.TemporaryDirectory() as folder:
         for name, files in sets.items():
@@ -79,9 +107,7 @@ def stream_sets(config: str, sets: dict) -> dict:
             for k, f in enumerate(files):
                 wav = Path(folder) / f"{k}.wav"
                 sf.write(wav, np.load(f["path"]), SAMPLE_RATE, subtype="FLOAT")
-                events = live_events(model, ReplaySource(wav, speed=0), options)
-                text = " ".join(e.text for e in events if isinstance(e, Commit))
-                e, n = word_errors(f["reference"], text)
+                e, n = word_errors(f["reference"], text(model, wav))
                 errors, words = errors + e, words + n
             out[name] = [errors, words]
     return out
@@ -99,15 +125,15 @@ def markdown(report: dict) -> str:
         f"{report['started']} · CPU: {report['machine']['cpu']}, 1 thread per configuration · commit "
         f"{report['commit']} · command: `{report['command']}`", "",
         "Sets as in accuracy.md (dev, long, phone 8 kHz, noisy 10 dB). Each file streamed at speed 0 through "
-        "live_events with the default StreamOptions but what the config names; cells: corpus WER % of the commits "
-        "(word errors).", "", md_table(header, rows), ""])
+        "live_events with the default StreamOptions but what the config names (offline: transcribed whole with "
+        "the default TranscribeOptions, greedy or beam b); cells: corpus WER % of the commits (word errors).", "", md_table(header, rows), ""])
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="local-agreement,alignatt-f25",
                    help="comma-separated: local-agreement or alignatt-f<frames>, each with optional /s<s> /c<s> "
-                        "/pause0|1 /d<words> /g<s> /a<s> /b<beams>")
+                        "/pause0|1 /d<words> /g<s> /a<s> /b<beams>; offline or offline/b<beams>")
     p.add_argument("--name", default="stream-accuracy", help="results file stem")
     args = p.parse_args(argv)
     import datetime as dt
@@ -116,7 +142,7 @@ def main(argv: list[str]) -> int:
     sets, _ = build_sets()
     configs = args.configs.split(",")
     for config in configs:
-        options_of(config)  # a bad name fails here, before any work
+        text_of(config)  # a bad name fails here, before any work
     with ProcessPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 1)) as pool:
         results = dict(zip(configs, pool.map(stream_sets, configs, [sets] * len(configs))))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
