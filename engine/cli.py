@@ -576,12 +576,18 @@ def _add_models(subparsers: Any) -> None:
 
 
 def _run_models_list(args: argparse.Namespace) -> int:
-    from .models.catalog import base_url
+    from .models.catalog import HubEntry, base_url
+    from .models.hub import ENDPOINT_ENV, endpoint
     from .models.store import catalog_models, format_catalog_table, format_model_table, list_models
 
     if args.available:  # the only listing that may use the network: a mirror's catalog.json
-        print(format_catalog_table(catalog_models(remote=True)))
-        print(f"\nFiles come from {base_url()}.\nPull one: aural models pull NAME [--type {'|'.join(_WEIGHT_TYPES)}]")
+        rows = catalog_models(remote=True)
+        print(format_catalog_table(rows))
+        hub = [f"{row.name} ({row.entry.repo})" for row in rows if isinstance(row.entry, HubEntry)]
+        print(f"\nWhisper files come from {base_url()}." + (
+            f"\n{', '.join(hub)}: the repository's files from {endpoint()} ({ENDPOINT_ENV}), converted after the "
+            "download; the size shows once a pull starts." if hub else ""))
+        print(f"Pull one: aural models pull NAME [--type {'|'.join(_WEIGHT_TYPES)}]")
         return 0
     print(format_model_table(list_models()))
     pulled = [row for row in catalog_models() if row.disk_bytes]

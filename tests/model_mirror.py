@@ -56,7 +56,10 @@ def _handler(state: MirrorState) -> type[BaseHTTPRequestHandler]:
             if "/" in name or not path.is_file():
                 self.send_error(404)
                 return
-            data = path.read_bytes()
+            self._serve(name, path.read_bytes())
+
+        def _serve(self, name: str, data: bytes) -> None:
+            """data from the Range's start (206) or whole (200), cut as state.cut_once says."""
             start = self._start(len(data))
             if start is None:
                 return
@@ -164,3 +167,80 @@ def write_catalog(root: Path, entries: list[dict]) -> Path:
     path = root / "catalog.json"
     path.write_text(json.dumps({"schema": 1, "models": entries}, indent=1), encoding="utf-8")
     return path
+
+
+# -- a Hugging Face hub ------------------------------------------------------------------------------------------
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """git hash-object: what the hub sends as the ETag of a file kept in git."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@dataclass
+class HubState:
+    """A hub serving one repository at one commit.
+
+    Attributes:
+        repo: "owner/name".
+        root: the folder holding its files.
+        commit: the 40-hex commit "main" names.
+        lfs: files kept in LFS: HEAD and GET redirect to /cdn/<sha256> with X-Linked-Etag and X-Linked-Size.
+        lie: file name -> the etag sent for it instead of its own.
+        cut_once: as MirrorState's, by file name, for GETs of files kept in git and of /cdn/ objects.
+        requests: (method, path, Range header or None) of every request, in order.
+    """
+
+    repo: str
+    root: Path
+    commit: str
+    lfs: tuple[str, ...] = ()
+    lie: dict[str, str] = field(default_factory=dict)
+    cut_once: dict[str, int] = field(default_factory=dict)
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+
+
+def _hub_handler(state: HubState) -> type[BaseHTTPRequestHandler]:
+    class Handler(_handler(MirrorState(state.root, cut_once=state.cut_once))):
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._answer(body=False)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._answer(body=True)
+
+        def _answer(self, body: bool) -> None:
+            state.requests.append((self.command, self.path, self.headers.get("Range")))
+            prefix = f"/{state.repo}/resolve/"
+            if self.path.startswith("/cdn/") and body:
+                lfs = {hashlib.sha256((state.root / n).read_bytes()).hexdigest(): n for n in state.lfs}
+                name = lfs.get(self.path.removeprefix("/cdn/"))
+                return self._serve(name, (state.root / name).read_bytes()) if name else self.send_error(404)
+            revision, _, name = self.path.removeprefix(prefix).partition("/")
+            path = state.root / name
+            if not self.path.startswith(prefix) or revision not in ("main", state.commit) or not path.is_file():
+                return self.send_error(404)
+            data = path.read_bytes()
+            if name in state.lfs:
+                self.send_response(302)
+                self.send_header("Location", f"http://{self.headers['Host']}/cdn/{hashlib.sha256(data).hexdigest()}")
+                self.send_header("X-Linked-Etag", f'"{state.lie.get(name, hashlib.sha256(data).hexdigest())}"')
+                self.send_header("X-Linked-Size", str(len(data)))
+                self.send_header("X-Repo-Commit", state.commit)
+                self.send_header("Content-Length", "0")
+                return self.end_headers()
+            if body:
+                return self._serve(name, data)
+            self.send_response(200)
+            self.send_header("ETag", f'"{state.lie.get(name, git_blob_sha1(data))}"')
+            self.send_header("X-Repo-Commit", state.commit)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+
+    return Handler
+
+
+@contextmanager
+def hub(state: HubState) -> Iterator[str]:
+    """A hub serving state's repository; yields its base URL (for HF_ENDPOINT)."""
+    with serve(_hub_handler(state)) as url:
+        yield url

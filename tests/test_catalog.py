@@ -30,6 +30,7 @@ from aural.engine.models.store import catalog_models, format_catalog_table, pull
 
 SIZES = ["tiny", "tiny.en", "base", "base.en", "small", "small.en", "medium", "medium.en", "large-v3",
          "large-v3-turbo"]
+HUB = ["qwen3-asr-0.6b"]  # the catalog's hub_models (tests/test_hub_pull.py pulls it)
 HF = "https://huggingface.co/ggerganov/whisper.cpp/resolve/main"  # whisper.cpp models/download-ggml-model.sh
 JFK_WORDS = ("and so my fellow americans ask not what your country can do for you "
              "ask what you can do for your country").split()
@@ -90,8 +91,8 @@ def download_only(name: str, **kwargs) -> list:
 def test_builtin_catalog_lists_every_whisper_size(monkeypatch):
     monkeypatch.delenv(MIRROR_ENV, raising=False)
     entries = load_catalog()
-    assert list(entries) == SIZES
-    for name, entry in entries.items():
+    assert list(entries) == SIZES + HUB
+    for name, entry in ((name, entries[name]) for name in SIZES):
         assert entry.file == f"ggml-{name}.bin" and entry.url == f"{HF}/ggml-{name}.bin"
         assert len(entry.sha256) == 64 and len(entry.sha1) == 40 and entry.license == "MIT"
         assert entry.languages == (1 if name.endswith(".en") else 100 if name.startswith("large-v3") else 99)
@@ -99,6 +100,11 @@ def test_builtin_catalog_lists_every_whisper_size(monkeypatch):
     assert entries["tiny.en"].sha1 == "c78c86eb1a8faa21b369bcd33207cc90d64ae9df"
     assert entries["large-v3-turbo"].sha1 == "4af2b29d7ec73d781377bfd1758ca957a807e941"
     assert round(entries["base"].size / 2**20) == 141 and round(entries["large-v3"].size / 2**30, 1) == 2.9
+    qwen = entries["qwen3-asr-0.6b"]  # the model card's repository and the files the converter reads
+    assert (qwen.repo, qwen.revision, qwen.architecture, qwen.license) == ("Qwen/Qwen3-ASR-0.6B", "main",
+                                                                          "qwen3-asr", "Apache-2.0")
+    assert set(qwen.files) == {"config.json", "generation_config.json", "preprocessor_config.json",
+                               "tokenizer_config.json", "vocab.json", "merges.txt", "model.safetensors"}
 
 
 def test_mirror_replaces_the_base_url(monkeypatch):
@@ -124,10 +130,24 @@ def test_bad_catalog_entries_are_refused(change, message):
         parse_catalog({"models": []}, "http://m", origin="test")
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"repo": "../x"}, "'repo' must be 'owner/name'"),
+    ({"files": ["../config.json"]}, "'file' must be letters, digits"),
+    ({"files": []}, "'files' must be a list of file names"),
+    ({"architecture": "whisper"}, "'architecture' must be one of qwen3-asr"),
+    ({"revision": "a/b"}, "'revision' must be letters, digits"),
+])
+def test_bad_hub_entries_are_refused(change, message):
+    entry = {"name": "x", "repo": "o/x", "revision": "main", "architecture": "qwen3-asr", "files": ["a.json"],
+             **change}
+    with pytest.raises(ModelError, match=message):
+        parse_catalog({"schema": 1, "models": [], "hub_models": [entry]}, "http://m", origin="test")
+
+
 def test_a_mirror_without_catalog_serves_the_builtin_entries(tmp_path, monkeypatch):
     monkeypatch.setenv(MIRROR_ENV, tmp_path.as_uri())  # a file:// mirror: a folder, no catalog.json
     entries = load_catalog(remote=True)
-    assert list(entries) == SIZES and entries["tiny"].url == f"{tmp_path.as_uri()}/ggml-tiny.bin"
+    assert list(entries) == SIZES + HUB and entries["tiny"].url == f"{tmp_path.as_uri()}/ggml-tiny.bin"
 
 
 # -- pull, convert, transcribe -------------------------------------------------------------------------
@@ -320,7 +340,7 @@ def test_list_shows_a_pulled_model_and_rm_removes_it(site):
     cache = site[3]
     list(pull("tiny.en", wtype="q5_0"))
     rows = {r.name: r for r in catalog_models(remote=True)}
-    assert list(rows) == [*SIZES, "tiny.en-bad", "gone"]  # the mirror's entries replace and extend
+    assert list(rows) == [*SIZES, *HUB, "tiny.en-bad", "gone"]  # the mirror's entries replace and extend
     tiny = rows["tiny.en"]
     assert tiny.downloaded and [c.wtype for c in tiny.cached] == ["q5_0"]
     assert tiny.disk_bytes == sum(p.stat().st_size for p in files_under(cache))
@@ -341,7 +361,7 @@ def test_cli_session_list_pull_transcribe_rm(site, jfk_wav):
     available = run_cli(env, "models", "list", "--available")
     assert available.returncode == 0, available.stderr
     assert available.stdout.splitlines()[0].split()[:4] == ["MODEL", "LANGUAGES", "PARAMETERS", "DOWNLOAD"]
-    assert f"Files come from {site[0]}." in available.stdout
+    assert f"Whisper files come from {site[0]}." in available.stdout
     pulled = run_cli(env, "models", "pull", "tiny.en", "--type", "q8_0")
     assert pulled.returncode == 0, pulled.stderr
     assert Path(pulled.stdout.strip()) == cache / "pulled" / "tiny.en" / "tiny.en-q8_0.gguf"

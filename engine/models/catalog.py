@@ -1,5 +1,7 @@
-"""The catalog of Whisper models Aural can download: whisper.cpp's ggml files of every size, with their sizes,
-checksums and licence (the data is catalog.json beside this file; its "sources" field cites where each number comes from).
+"""The catalog of models Aural can download: whisper.cpp's ggml files of every size, with their sizes, checksums
+and licence, and models published as a Hugging Face repository's files (Qwen3-ASR: `HubEntry`, checked against
+the hub's own digests, hub.py). The data is catalog.json beside this file; its "sources" field cites where each
+number comes from.
 
     entries = load_catalog()                 # the built-in catalog, read from the package (no network)
     entry = find_entry("small", remote=True) # with AURAL_MODEL_MIRROR set, the mirror's catalog.json first
@@ -25,7 +27,8 @@ from typing import Any
 
 from ..errors import DownloadError, ModelError
 
-__all__ = ["MIRROR_ENV", "CatalogEntry", "base_url", "find_entry", "is_safe_name", "load_catalog", "parse_catalog"]
+__all__ = ["MIRROR_ENV", "CatalogEntry", "HubEntry", "base_url", "find_entry", "is_safe_name", "load_catalog",
+           "parse_catalog"]
 
 MIRROR_ENV = "AURAL_MODEL_MIRROR"
 SCHEMA = 1
@@ -70,6 +73,31 @@ class CatalogEntry:
         return {algo: value for algo, value in (("sha256", self.sha256), ("sha1", self.sha1)) if value}
 
 
+@dataclass(frozen=True)
+class HubEntry:
+    """One model whose files are a Hugging Face repository's, converted to GGUF once downloaded.
+
+    Attributes:
+        name: what `aural models pull NAME` and `-m NAME` take (qwen3-asr-0.6b).
+        repo: the repository ("Qwen/Qwen3-ASR-0.6B").
+        revision: the branch, tag or commit fetched; the pull fixes every file to the commit it names then.
+        files: the repository's files the converter reads.
+        architecture: the GGUF architecture they convert to ("qwen3-asr").
+        size: None: the hub says each file's size when the pull starts.
+        languages, parameters, license: as CatalogEntry's.
+    """
+
+    name: str
+    repo: str
+    revision: str
+    files: tuple[str, ...]
+    architecture: str
+    languages: int | None
+    parameters: int | None
+    license: str | None
+    size: None = None
+
+
 def is_safe_name(name: str) -> bool:
     """Whether name can be a file or folder name in the cache as it is (no separator, no '..', not hidden)."""
     return bool(_SAFE_NAME.fullmatch(name)) and ".." not in name
@@ -85,7 +113,7 @@ def base_url() -> str:
     return mirror.rstrip("/")
 
 
-def load_catalog(*, remote: bool = False) -> dict[str, CatalogEntry]:
+def load_catalog(*, remote: bool = False) -> dict[str, CatalogEntry | HubEntry]:
     """Every entry by name, in catalog order. remote=True (a user's action only) also reads the mirror's
     catalog.json when AURAL_MODEL_MIRROR is set; without a mirror nothing is fetched either way."""
     base = base_url()
@@ -95,7 +123,7 @@ def load_catalog(*, remote: bool = False) -> dict[str, CatalogEntry]:
     return entries
 
 
-def find_entry(name: str, *, remote: bool = False) -> CatalogEntry:
+def find_entry(name: str, *, remote: bool = False) -> CatalogEntry | HubEntry:
     """The entry called name; ModelError listing the names otherwise."""
     entries = load_catalog(remote=remote)
     if name not in entries:
@@ -103,11 +131,15 @@ def find_entry(name: str, *, remote: bool = False) -> CatalogEntry:
     return entries[name]
 
 
-def parse_catalog(data: Any, base: str, *, origin: str) -> dict[str, CatalogEntry]:
-    """Validate a catalog document (the schema of the built-in catalog.json) and make its entries, files at base."""
+def parse_catalog(data: Any, base: str, *, origin: str) -> dict[str, CatalogEntry | HubEntry]:
+    """Validate a catalog document (the schema of the built-in catalog.json) and make its entries, files at base;
+    its optional 'hub_models' come after its 'models'."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("models"), list):
         raise ModelError(f"{origin} is not an Aural model catalog (schema {SCHEMA} with a 'models' list).")
-    entries = [_entry(item, base, origin) for item in data["models"]]
+    if not isinstance(data.get("hub_models", []), list):
+        raise ModelError(f"{origin}: 'hub_models' must be a list.")
+    entries = [*(_entry(item, base, origin) for item in data["models"]),
+               *(_hub_entry(item, origin) for item in data.get("hub_models", []))]
     return {entry.name: entry for entry in entries}
 
 
@@ -147,6 +179,29 @@ def _entry(item: Any, base: str, origin: str) -> CatalogEntry:
     if not fields["sha256"] and not fields["sha1"]:
         raise ModelError(f"{where} has neither sha256 nor sha1; Aural installs only files it can verify.")
     return CatalogEntry(name=name, url=f"{base}/{fields['file']}", **fields)
+
+
+_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_ARCHITECTURES = ("qwen3-asr",)  # what the converter makes of a repository (models/qwen3_asr.py)
+
+
+def _hub_entry(item: Any, origin: str) -> HubEntry:
+    if not isinstance(item, dict):
+        raise ModelError(f"{origin}: every item of 'hub_models' must be an object.")
+    name = _safe(item, "name", origin)
+    where = f"{origin}, model '{name}'"
+    repo, files = item.get("repo"), item.get("files")
+    if not isinstance(repo, str) or not _REPO.fullmatch(repo) or ".." in repo:
+        raise ModelError(f"{where}: 'repo' must be 'owner/name' (got {repo!r}).")
+    if not isinstance(files, list) or not files:
+        raise ModelError(f"{where}: 'files' must be a list of file names.")
+    if item.get("architecture") not in _ARCHITECTURES:
+        raise ModelError(f"{where}: 'architecture' must be one of {', '.join(_ARCHITECTURES)} "
+                         f"(got {item.get('architecture')!r}).")
+    return HubEntry(name=name, repo=repo, revision=_safe(item, "revision", where),
+                    files=tuple(_safe({"file": f}, "file", where) for f in files),
+                    architecture=item["architecture"], languages=_count(item, "languages", where),
+                    parameters=_count(item, "parameters", where), license=_text(item, "license", where))
 
 
 def _safe(item: dict[str, Any], key: str, where: str) -> str:

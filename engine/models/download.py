@@ -43,7 +43,7 @@ try:
 except ImportError:  # Windows: no flock, so nothing keeps two pulls of one model apart (nor renames an open file)
     fcntl = None
 
-__all__ = ["Transfer", "TransferRate", "download", "fetch_small", "partial_path"]
+__all__ = ["Transfer", "TransferRate", "download", "fetch_small", "matches", "partial_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +103,8 @@ def download(url: str, target: Path, *, size: int | None, checksums: dict[str, s
              stop: threading.Event | None = None, extra_space: int = 0) -> Iterator[Transfer]:
     """Stream url into target's partial, yielding its progress; verify the checksums; rename onto target.
 
-    size: the file's bytes (None: the server's Content-Length is trusted). checksums: hashlib name -> hex
-    digest, at least one. stop: set it to cancel after the current read (the partial stays). extra_space:
+    size: the file's bytes (None: the server's Content-Length is trusted). checksums: hashlib name (or
+    "git-blob-sha1", hub.py) -> hex digest, at least one. stop: set it to cancel after the current read (the partial stays). extra_space:
     bytes the caller needs besides the file (a conversion), included in the free-space check made before any
     byte is fetched. Failures raise DownloadError with one line for the user.
     """
@@ -300,15 +300,38 @@ def _disk_error(exc: OSError, path: Path) -> DownloadError:
     return DownloadError(f"Cannot write {path}: {exc.strerror or exc}.")
 
 
-def _verify(file: BinaryIO, partial: Path, url: str, checksums: dict[str, str]) -> None:
-    """Check the whole partial against every known digest; delete it on a mismatch."""
-    digests = {algo: hashlib.new(algo) for algo in checksums}
+def matches(path: Path, size: int, checksums: dict[str, str]) -> bool:
+    """Whether the file at path has that size and every one of those digests (a file kept from an earlier pull)."""
+    if path.stat().st_size != size:
+        return False
+    with path.open("rb") as file:
+        return all(digest.hexdigest() == checksums[algo] for algo, digest in _digests(file, checksums).items())
+
+
+def _digests(file: BinaryIO, checksums: dict[str, str]) -> dict:
+    """The file's digest for each algorithm checksums names, read once from its start."""
+    digests = {algo: _new_digest(algo, _file_size(file)) for algo in checksums}
     file.seek(0)
     while chunk := file.read(_HASH_CHUNK):
         for digest in digests.values():
             digest.update(chunk)
-    for algo, digest in digests.items():
+    return digests
+
+
+def _verify(file: BinaryIO, partial: Path, url: str, checksums: dict[str, str]) -> None:
+    """Check the whole partial against every known digest; delete it on a mismatch."""
+    for algo, digest in _digests(file, checksums).items():
         if digest.hexdigest() != checksums[algo]:
             partial.unlink(missing_ok=True)
             raise DownloadError(f"{url} does not match its {algo} (expected {checksums[algo]}, got "
                                 f"{digest.hexdigest()}); the download was deleted and nothing was installed.")
+
+
+def _new_digest(algo: str, size: int):
+    """hashlib's algorithm of that name, or git's blob id ("git-blob-sha1": sha1 over "blob <size>\\0" and the
+    bytes, what Hugging Face sends as the ETag of a file kept in git; hub.py)."""
+    if algo != "git-blob-sha1":
+        return hashlib.new(algo)
+    digest = hashlib.sha1()
+    digest.update(b"blob %d\0" % size)
+    return digest

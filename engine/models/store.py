@@ -17,7 +17,9 @@ intact file (at worst both convert); no lock is needed.
 Pulled models (`aural models pull NAME`, the catalog of models/catalog.json): <cache>/models/pulled/<name>/ holds
 ggml-<name>.bin, the verified whisper.cpp download (kept, so another --type converts without the network, and a
 damaged GGUF is made again), <name>-<wtype>.gguf with its sidecar for each type converted, and while a
-download is unfinished its resumable partial (models/download.py). A pulled name wins over a packaged one of the same
+download is unfinished its resumable partial (models/download.py). A model of the catalog's hub_models
+(Qwen3-ASR) keeps its repository's files in source/ instead, with source/commit.txt, the commit they all came
+from, written once every file is in and verified: the download is complete when it is there. A pulled name wins over a packaged one of the same
 name (tiny.en, base): the user fetched it on purpose. Nothing is ever downloaded while resolving a name.
 
 Bundled models: a self-contained build (the PyInstaller bundle of `make package`) ships converted files as
@@ -47,9 +49,10 @@ import numpy as np
 import platformdirs
 
 from aural.engine.errors import ModelError
-from aural.engine.models.catalog import CatalogEntry, find_entry, is_safe_name, load_catalog
+from aural.engine.models.catalog import CatalogEntry, HubEntry, find_entry, is_safe_name, load_catalog
 from aural.engine.models.convert import FILE_TYPES, HPARAM_KEYS, WEIGHT_TYPES, check_wtype, convert_ct2, file_sha256
-from aural.engine.models.download import download, partial_path
+from aural.engine.models.download import download, matches, partial_path
+from aural.engine.models.hub import hub_files
 from aural.engine.models.importers import FORMATS, convert_model, source_format, source_sha256
 from aural.engine.models.qwen3_asr import is_qwen3_asr
 
@@ -422,7 +425,7 @@ class CatalogModel:
     """
 
     name: str
-    entry: CatalogEntry | None
+    entry: CatalogEntry | HubEntry | None
     downloaded: bool
     partial_bytes: int
     cached: tuple[CachedModel, ...]
@@ -441,18 +444,19 @@ def pull(name: str, *, wtype: str = "f16", stop: threading.Event | None = None) 
     entry = find_entry(name, remote=True)
     folder = _pulled_dir(name)
     _ensure_writable(folder)
-    source = _pulled_source(name)
     try:
-        if not source.is_file():
-            yield from _download(entry, source, wtype, stop)
-            if not source.is_file():
-                yield PullProgress("cancelled", name, _file_bytes(partial_path(source)), entry.size)
+        if not _is_downloaded(name):
+            fetch = _download_hub if isinstance(entry, HubEntry) else _download
+            total = yield from fetch(entry, wtype, stop)
+            if not _is_downloaded(name):
+                yield PullProgress("cancelled", name, _partial_bytes(name), total)
                 return
-        size = source.stat().st_size
+        size = _download_bytes(name)
         yield PullProgress("convert", name, size, size)
         path = _resolve_pulled(name, wtype)
     except BaseException:
-        _remove_if_empty(folder)  # a refused or failed first download leaves no trace
+        _remove_if_empty(_pulled_repo(name))  # a refused or failed first download leaves no trace
+        _remove_if_empty(folder)
         raise
     yield PullProgress("done", name, size, size, path)
 
@@ -501,6 +505,34 @@ def _pulled_source(name: str) -> Path:
     return _pulled_dir(name) / f"ggml-{name}.bin"
 
 
+def _pulled_repo(name: str) -> Path:
+    """A hub model's files (module docstring)."""
+    return _pulled_dir(name) / "source"
+
+
+_COMMIT_FILE = "commit.txt"
+
+
+def _is_downloaded(name: str) -> bool:
+    return _pulled_source(name).is_file() or (_pulled_repo(name) / _COMMIT_FILE).is_file()
+
+
+def _download_bytes(name: str) -> int:
+    """Bytes of a finished download: the ggml file, or the hub model's files."""
+    repo = _pulled_repo(name)
+    if (repo / _COMMIT_FILE).is_file():
+        return sum(p.stat().st_size for p in repo.iterdir() if p.is_file() and p.name != _COMMIT_FILE)
+    return _file_bytes(_pulled_source(name))
+
+
+def _partial_bytes(name: str) -> int:
+    """Bytes of unfinished downloads a pull would resume (a hub model's finished files included)."""
+    repo = _pulled_repo(name)
+    if repo.is_dir() and not (repo / _COMMIT_FILE).is_file():
+        return sum(p.stat().st_size for p in repo.iterdir() if p.is_file())
+    return _file_bytes(partial_path(_pulled_source(name)))
+
+
 def _pulled_gguf(name: str, wtype: str) -> Path:
     return _pulled_dir(name) / f"{name}-{wtype}.gguf"
 
@@ -509,31 +541,64 @@ def _is_pulled(name: str) -> bool:
     """Whether name has a kept download or a converted GGUF (a partial alone does not count)."""
     if not is_safe_name(name):
         return False
-    return _pulled_source(name).is_file() or any(_pulled_gguf(name, w).is_file() for w in WEIGHT_TYPES)
+    return _is_downloaded(name) or any(_pulled_gguf(name, w).is_file() for w in WEIGHT_TYPES)
 
 
 def _resolve_pulled(name: str, wtype: str | None) -> Path:
     """The GGUF of a pulled model, converted from its kept download if missing or damaged."""
     if wtype is None:  # the most precise type pulled; f16 (converted now) when only the download is there
         wtype = next((w for w in WEIGHT_TYPES if _pulled_gguf(name, w).is_file()), "f16")
-    source = _pulled_source(name)
+    hub = (_pulled_repo(name) / _COMMIT_FILE).is_file()
+    source = _pulled_repo(name) if hub else _pulled_source(name)
     target = _pulled_gguf(name, wtype)
-    if not source.is_file() and not target.is_file():
+    if not _is_downloaded(name) and not target.is_file():
         raise ModelError(f"'{name}' has no {wtype} GGUF and its download is gone: `aural models pull {name} "
                          f"--type {wtype}` fetches it again.")
-    return _cached(target, lambda out: convert_model(source, out, wtype=wtype, name=f"whisper-{name}"))
+    return _cached(target, lambda out: convert_model(source, out, wtype=wtype, name=name if hub else f"whisper-{name}"))
 
 
-def _download(entry: CatalogEntry, source: Path, wtype: str, stop: threading.Event | None) -> Iterator[PullProgress]:
+def _conversion_space(size: int, wtype: str) -> int:
+    """Room for the conversion of a download of `size` bytes of 16-bit weights (f16 or bf16). An f16 GGUF holds
+    the same tensors; q8_0, q5_0 and q4_0 blocks take 34, 22 and 18 bytes per 32 weights against f16's 64
+    (ggml's block_q8_0, block_q5_0, block_q4_0), so the download's size bounds them; f32 takes twice as much."""
+    return size * (2 if wtype == "f32" else 1)
+
+
+def _download(entry: CatalogEntry, wtype: str, stop: threading.Event | None) -> Iterator[PullProgress]:
+    """A catalog ggml file into the pulled folder; returns its size (None when unknown)."""
     logger.info("downloading %s from %s", entry.name, entry.url)
-    # Room for the conversion too. An f16 GGUF holds the f16 download's tensors; q8_0, q5_0 and q4_0 blocks
-    # take 34, 22 and 18 bytes per 32 weights against f16's 64 (ggml's block_q8_0, block_q5_0, block_q4_0), so
-    # the download's size bounds them; f32 takes twice as much.
-    extra = (entry.size or 0) * (2 if wtype == "f32" else 1)
-    steps = download(entry.url, source, size=entry.size, checksums=entry.checksums, stop=stop, extra_space=extra)
+    steps = download(entry.url, _pulled_source(entry.name), size=entry.size, checksums=entry.checksums, stop=stop,
+                     extra_space=_conversion_space(entry.size or 0, wtype))
     for step in steps:
         yield PullProgress("verify" if step.verifying else "download", entry.name, step.done_bytes,
                            step.total_bytes)
+    return entry.size
+
+
+def _download_hub(entry: HubEntry, wtype: str, stop: threading.Event | None) -> Iterator[PullProgress]:
+    """A hub model's files, each at the commit its revision names now and verified against the hub's digest,
+    into source/; commit.txt once all are in. Returns their total size. A file already there from an earlier,
+    cut pull is kept if it matches the digest the hub gives now (the repository may have moved on since)."""
+    logger.info("downloading %s from the %s repository", entry.name, entry.repo)
+    commit, files = hub_files(entry.repo, entry.revision, entry.files)
+    repo = _pulled_repo(entry.name)
+    _ensure_writable(repo)
+    total = sum(f.size for f in files)
+    before = 0
+    for f in files:
+        target = repo / f.name
+        if not (target.is_file() and matches(target, f.size, f.checksums)):
+            left = total - before
+            steps = download(f.url, target, size=f.size, checksums=f.checksums, stop=stop,
+                             extra_space=left - f.size + _conversion_space(total, wtype))
+            for step in steps:
+                yield PullProgress("verify" if step.verifying else "download", entry.name, before + step.done_bytes,
+                                   total)
+            if stop is not None and stop.is_set():
+                return total
+        before += f.size
+    (repo / _COMMIT_FILE).write_text(f"{commit}\n", encoding="ascii")
+    return total
 
 
 def _catalog_row(name: str, entry: CatalogEntry | None) -> CatalogModel:
@@ -542,8 +607,8 @@ def _catalog_row(name: str, entry: CatalogEntry | None) -> CatalogModel:
     return CatalogModel(
         name=name,
         entry=entry,
-        downloaded=_pulled_source(name).is_file(),
-        partial_bytes=_file_bytes(partial_path(_pulled_source(name))),
+        downloaded=_is_downloaded(name),
+        partial_bytes=_partial_bytes(name),
         cached=tuple(CachedModel(w, p, p.stat().st_size / _MIB) for w, p in ggufs if p.is_file()),
         disk_bytes=_disk_bytes(folder) if folder.is_dir() else 0,
     )
@@ -574,7 +639,7 @@ def _file_bytes(path: Path) -> int:
 
 
 def _disk_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def _remove_if_empty(folder: Path) -> None:
