@@ -48,7 +48,7 @@ _FILTERS = {"txt": "Text (*.txt)", "srt": "SubRip subtitles (*.srt)", "vtt": "We
 _ERROR_MARK = "⚠"
 _OPEN_FILTER = ("Audio and video (*.wav *.flac *.mp3 *.ogg *.opus *.m4a *.aac *.wma *.mp4 *.mkv *.webm *.mov "
                 "*.avi);;All files (*)")
-_MODEL_FILTER = "Whisper models (*.gguf *.bin);;All files (*)"
+_MODEL_FILTER = "Whisper or Qwen3-ASR models (*.gguf *.bin);;All files (*)"
 _RECENT_LIMIT = 10
 # Below this the control bar's pickers and the caption actions no longer fit side by side.
 _MIN_SIZE = QSize(720, 440)
@@ -494,14 +494,15 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def open_model_file(self) -> None:
-        """A .gguf or a whisper.cpp ggml .bin; converted (once, cached) and loaded for live and files."""
-        path, _ = QFileDialog.getOpenFileName(self, "Open a Whisper model", "", _MODEL_FILTER)
+        """A .gguf (Whisper or Qwen3-ASR) or a whisper.cpp ggml .bin; converted (once, cached) and loaded for live
+        and files."""
+        path, _ = QFileDialog.getOpenFileName(self, "Open a model", "", _MODEL_FILTER)
         self.open_model(path)
 
     @Slot()
     def open_model_folder(self) -> None:
-        """A CTranslate2 or Hugging Face Whisper model directory."""
-        self.open_model(QFileDialog.getExistingDirectory(self, "Open a Whisper model folder"))
+        """A CTranslate2 or Hugging Face Whisper model directory, or a Qwen3-ASR checkpoint's."""
+        self.open_model(QFileDialog.getExistingDirectory(self, "Open a model folder"))
 
     def open_model(self, spec: str) -> None:
         """Loads `spec` (a known name or a path) and shows it in the picker at once."""

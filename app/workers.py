@@ -28,7 +28,10 @@ from aural.engine.live.mix import MixSource
 from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
 from aural.engine.models.download import TransferRate
 from aural.engine.models.store import PullProgress, catalog_models, pull, resolve_model
-from aural.engine.runtime import DeviceFallback, WhisperModel, compute_devices, load_model
+from aural.engine.qwen3asr import Qwen3AsrModel, language_name
+from aural.engine.qwen3asr.streaming import Qwen3StreamOptions, qwen3_live_events
+from aural.engine.qwen3asr.transcribe import transcribe_file as transcribe_qwen3_file
+from aural.engine.runtime import DeviceFallback, WhisperModel, compute_devices, load_any_model
 from aural.engine.speakers import DiarizeOptions, Diarizer, assign_speakers
 from aural.engine.text.chinese import default_script, localize_segments
 from aural.engine.transcribe import TranscribeOptions, TranscriptionInfo, transcribe
@@ -146,9 +149,9 @@ class _Worker(_Reporter):
 
 class ModelLoader(_Worker):
     """Resolves (converting on first use) and loads one model on a compute device: on the CPU, with the
-    model's `fallback` saying why, when that device cannot be used."""
+    model's `fallback` saying why, when that device cannot be used. Whisper or Qwen3-ASR, as the file holds."""
 
-    loaded = Signal(object)  # WhisperModel
+    loaded = Signal(object)  # WhisperModel or qwen3asr.Qwen3AsrModel
 
     def __init__(self, spec: str, device: str = "auto"):
         super().__init__()
@@ -156,7 +159,7 @@ class ModelLoader(_Worker):
         self._device = device
 
     def _work(self) -> None:
-        self.loaded.emit(load_model(resolve_model(self._spec), device=self._device))
+        self.loaded.emit(load_any_model(resolve_model(self._spec), device=self._device))
 
 
 class ComputeDevicesWorker(_Worker):
@@ -321,8 +324,7 @@ class FileWorker(_Reporter):
         source = load_audio(request.path) if request.diarize else request.path
         # The engine checks the stop flag at every decoder step, and a StopEvent also interrupts the
         # native call in progress, so a cancel lands within one graph node.
-        result = transcribe(request.model, source, request.options, kv_mode=request.kv_mode,
-                            progress=self.progress.emit, stop=request.stop, on_fallback=self.fallback.emit)
+        result = self._run(request, source)
         self.opened.emit(result.info)
         # Chinese in the user's script, as `aural transcribe` writes it (a translation is English).
         language = result.info.language if request.options.task == "transcribe" else None
@@ -333,13 +335,30 @@ class FileWorker(_Reporter):
         if request.stop.is_set():
             self.cancelled.emit()
             return
-        if request.diarize:
+        if request.diarize and isinstance(request.model, Qwen3AsrModel):
+            self.not_diarized.emit(f"{request.path.name}: speakers not identified: Qwen3-ASR gives one segment per "
+                                   "chunk of up to 20 minutes, too long to name a speaker for")
+        elif request.diarize:
             segments = self._named(request, source, segments)
             if request.stop.is_set():
                 self.cancelled.emit()
                 return
         self._keep(request.path, result.info, segments)
         self.done.emit(result.timings)
+
+    def _run(self, request: FileRequest, source):
+        """The engine's `Transcription` of the file by the request's model: Whisper, or Qwen3-ASR with the
+        options it takes (its language and hot words; it neither translates nor times words)."""
+        options = request.options
+        if not isinstance(request.model, Qwen3AsrModel):
+            return transcribe(request.model, source, options, kv_mode=request.kv_mode, progress=self.progress.emit,
+                              stop=request.stop, on_fallback=self.fallback.emit)
+        if options.task == "translate":
+            raise AuralError(f"{request.model.name} is a Qwen3-ASR model, which does not translate; choose a "
+                             "Whisper model to translate.")
+        return transcribe_qwen3_file(request.model, source, language=options.language, context=options.hotwords or "",
+                                     kv_mode=request.kv_mode, path=str(request.path), progress=self.progress.emit,
+                                     stop=request.stop, on_fallback=self.fallback.emit)
 
     def _named(self, request: FileRequest, audio, segments: list) -> list:
         """The segments with their speakers (`audio`: the file's 16 kHz samples); unchanged, and
@@ -454,13 +473,22 @@ class LiveWorker(_Worker):
         source = MeteredSource(self._open_source(), self.level.emit, self.levels.emit)
         if self._record is not None:
             source = TappedSource(source, self._record_audio)
-        for event in live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop):
+        for event in self._events(source):
             if isinstance(event, Error):
                 self.failed.emit(event.message)
                 continue
             if isinstance(event, Commit):
                 self._write_journal(event)
             signals[type(event)].emit(event)
+
+    def _events(self, source):
+        """The stream's events by the model's own live policy: Whisper's (`options`), or Qwen3-ASR's, which
+        takes the options' language alone."""
+        if not isinstance(self._model, Qwen3AsrModel):
+            return live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop)
+        language = language_name(self._options.language) if self._options.language else None
+        return qwen3_live_events(self._model, source, Qwen3StreamOptions(language=language), kv_mode=self._kv_mode,
+                                 stop=self._stop)
 
     def _record_audio(self, samples: np.ndarray) -> None:
         """Like the journal, a full disk stops the recording, not the captions (reported once)."""

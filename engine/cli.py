@@ -231,18 +231,12 @@ def _model_loader(args: argparse.Namespace) -> Callable[[], Any]:
     def load() -> Any:
         if not loaded:
             from .models.store import resolve_model
-            from .runtime import load_model, resolve_device
+            from .runtime import load_any_model, resolve_device
 
             # A --backend that names no device is a mistake to report; a device there that fails falls back
             # to the CPU with a warning (runtime.load_model logs it).
             device = resolve_device(args.backend) if args.backend else "auto"
-            path = resolve_model(args.model)
-            if path.suffix == ".gguf" and _architecture(path) == "qwen3-asr":
-                from .qwen3asr import Qwen3AsrModel
-
-                loaded.append(Qwen3AsrModel(path, n_threads=args.threads, device=device))
-            else:
-                loaded.append(load_model(path, device=device, n_threads=args.threads))
+            loaded.append(load_any_model(resolve_model(args.model), device=device, n_threads=args.threads))
         return loaded[0]
 
     return load
@@ -256,49 +250,27 @@ def _diarizer(args: argparse.Namespace) -> Any:
     return Diarizer.installed(n_threads=args.threads)
 
 
-def _architecture(path: Path) -> str:
-    from .qwen3asr import gguf_architecture
-
-    return gguf_architecture(path)
-
-
 def _transcribe_qwen3_file(model: Any, path: Path, args: argparse.Namespace) -> None:
     """A file through Qwen3-ASR (engine/qwen3asr): one segment per chunk of up to 20 minutes, without word
     timing (the official wrapper times words with a separate forced aligner, which Aural does not run yet)."""
     from .audio import load_audio
-    from .metrics import Timings
-    from .qwen3asr import language_name, transcribe_qwen3
-    from .transcribe import Segment, TranscriptionInfo
+    from .qwen3asr.transcribe import transcribe_file
 
     unsupported = [flag for flag, on in (("--diarize", args.diarize), ("--task translate", args.task == "translate"),
                                          ("--word-timestamps", args.word_timestamps))
                    if on]
     if unsupported:
         raise ModelError(f"{model.path.name} is a Qwen3-ASR model, which does not take {', '.join(unsupported)} yet.")
-    forced = language_name(args.language) if args.language else None
-    start = time.perf_counter()
     samples = load_audio(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
-    chunks = list(transcribe_qwen3(model, samples, language=forced, context=args.hotwords or "",
-                                   kv_mode=args.kv_mode))
-    wall_s, audio_s = time.perf_counter() - start, len(samples) / 16000
-    segments = [Segment(id=i, start=c.start, end=min(c.end, audio_s), text=" " + c.text, tokens=list(c.tokens),
-                        avg_logprob=float("nan"), compression_ratio=float("nan"), no_speech_prob=float("nan"),
-                        temperature=0.0) for i, c in enumerate(chunks) if c.text]
-    language = next((c.language for c in chunks if c.language), forced or "")
-    info = TranscriptionInfo(path=str(path), language=language, duration_s=audio_s, model=model.path.name,
-                             backend=model.backend, device=model.device, kv_mode=args.kv_mode)
-    n_tokens = sum(len(c.tokens) for c in chunks)
-    timings = Timings(audio_s=audio_s, wall_s=wall_s, rtf=wall_s / max(audio_s, 1e-9), n_windows=len(chunks),
-                      encoder_ms=sum(c.encode_ms for c in chunks) / max(1, len(chunks)), n_tokens=n_tokens,
-                      compute_ms=(step := sum(c.step_ms * len(c.tokens) for c in chunks) / max(1, n_tokens)),
-                      step_compute_ms=step,
-                      backend=model.backend, device=model.device, kv_mode=args.kv_mode)
+    result = transcribe_file(model, samples, language=args.language, context=args.hotwords or "",
+                             kv_mode=args.kv_mode, path=str(path))
+    segments = list(result)
     out_path = _output_path(args, path)
     with _open_output(out_path) as fh:
-        write_result(args.format, segments, info, timings, fh, max_line_len=args.max_line_len,
+        write_result(args.format, segments, result.info, result.timings, fh, max_line_len=args.max_line_len,
                      max_cue_s=args.max_cue_s)
     if not args.quiet:
-        print(_summary(path, info, timings.to_dict(), out_path), file=sys.stderr)
+        print(_summary(path, result.info, result.timings.to_dict(), out_path), file=sys.stderr)
 
 
 def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: Any, diarizer: Any = None) -> None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import gguf
 import numpy as np
@@ -32,7 +32,7 @@ from .models.store import model_info
 from .text.tokenizer import WhisperTokenizer
 
 __all__ = ["CPU_DEVICE", "ComputeDevice", "DeviceFallback", "FallbackSession", "WhisperModel", "compute_devices",
-           "isolates_devices", "load_model", "resolve_device"]
+           "isolates_devices", "load_any_model", "load_model", "resolve_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -311,6 +311,16 @@ def load_model(path: str | Path, *, device: str = "auto", n_threads: int = 0,
     except ModelError as exc:
         return _on_cpu(path, n_threads, DeviceFallback(target, _reason(exc)))
     return model
+
+
+def load_any_model(path: str | Path, *, device: str = "auto", n_threads: int = 0) -> Any:
+    """The model a file holds, whatever its architecture: a `qwen3asr.Qwen3AsrModel` for a Qwen3-ASR GGUF,
+    else load_model's WhisperModel; either on `device`, or on the CPU with `fallback` saying why."""
+    from aural.engine.qwen3asr import Qwen3AsrModel, gguf_architecture
+
+    if Path(path).suffix == ".gguf" and gguf_architecture(path) == "qwen3-asr":
+        return Qwen3AsrModel(path, n_threads=n_threads, device=device)
+    return load_model(path, device=device, n_threads=n_threads)
 
 
 def _on_cpu(path: str | Path, n_threads: int, fallback: DeviceFallback) -> WhisperModel:

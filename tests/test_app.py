@@ -1394,6 +1394,43 @@ def test_a_model_file_can_be_opened(window, qtbot, tiny_gguf, tmp_path):
     assert window._settings.get(Key.MODEL) == str(copy)
 
 
+def test_a_qwen3_asr_model_transcribes_files_and_captions_as_the_engine_does(make_window, qtbot, jfk_wav, tmp_path):
+    """A Qwen3-ASR GGUF (random weights of the test tooling's small shape) opened in the picker runs both the
+    file queue and live captions, through the engine's own Qwen3 paths: the window shows their very text."""
+    from test_qwen3_asr import make_checkpoint
+
+    from aural.engine.live.capture import ReplaySource
+    from aural.engine.live.streaming import Commit
+    from aural.engine.models.importers import convert_model
+    from aural.engine.qwen3asr import Qwen3AsrModel
+    from aural.engine.qwen3asr.streaming import qwen3_live_events
+    from aural.engine.qwen3asr.transcribe import transcribe_file
+
+    make_checkpoint(tmp_path / "ckpt")
+    path = convert_model(tmp_path / "ckpt", tmp_path / "qwen3-asr-small.gguf", wtype="f32")
+    engine = Qwen3AsrModel(path)
+    file_text = [s.text for s in transcribe_file(engine, jfk_wav)]
+    said = [e.text for e in qwen3_live_events(engine, ReplaySource(jfk_wav, speed=0)) if isinstance(e, Commit)]
+    assert file_text and said  # the random weights do write something
+
+    window = make_window(open_source=lambda _device: ReplaySource(jfk_wav, speed=0))
+    with qtbot.waitSignal(window.models.ready, timeout=MODEL_S):
+        window.open_model(str(path))
+    assert isinstance(window.models.model, Qwen3AsrModel)
+    assert window.model_status.text().startswith("qwen3-asr-small · CPU/CPU")
+    assert drop_files(window, [jfk_wav])
+    job = last_job(window)
+    wait_status(qtbot, window, job, JobStatus.DONE)
+    table = window.result.table
+    assert [table.item(row, 3).text() for row in range(table.rowCount())] == [t.strip() for t in file_text]
+    assert job.timings.audio_s == pytest.approx(11.0, abs=0.01) and job.timings.n_windows == 1
+
+    with qtbot.waitSignals([window.live.running_changed, window.live.running_changed], timeout=FILE_S):
+        window.toggle_live()  # the replay ends by itself, and the run with it
+    assert [c.text for c in window.live.transcript] == said
+    assert window.last_error == ""
+
+
 def test_the_model_picker_stops_saying_converted_on_first_use_once_converted(settings, qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("AURAL_CACHE_DIR", str(tmp_path / "empty-cache"))
     window = build_window(settings, catalog=Catalog(input_devices=_no_inputs, pactl=""))

@@ -97,8 +97,8 @@ class ModelsDialog(QDialog):
 
     def _layout(self) -> None:
         top = QHBoxLayout()
-        intro = QLabel("Whisper models from the catalog (whisper.cpp's files). A download can be cancelled "
-                       "and resumed; speeds are measured on this computer.")
+        intro = QLabel("Whisper models from the catalog (whisper.cpp's files) and Qwen3-ASR (its Hugging Face "
+                       "repository). A download can be cancelled and resumed; speeds are measured on this computer.")
         intro.setWordWrap(True)
         top.addWidget(intro, 1)
         top.addWidget(QLabel("Convert to"))

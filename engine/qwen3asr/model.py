@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -35,6 +36,8 @@ class Qwen3AsrModel:
         tokenizer: the tokenizers.Tokenizer the converter stored (Qwen2's byte-level BPE and the added tokens).
         eos: the end-of-sequence ids (generation_config.json's eos_token_id).
         name: the file's stem, as sessions and logs name the model.
+        multilingual: True (LANGUAGE_NAMES); what the app's language picker asks of any model.
+        load_s: seconds spent loading (the tokenizer and the weights, on the CPU again after a fallback at load).
         fallback: why the CPU runs the model in place of the device asked for (a `runtime.DeviceFallback`),
             None while it runs where it was asked to.
 
@@ -47,8 +50,10 @@ class Qwen3AsrModel:
 
     def __init__(self, path: str | Path, *, n_threads: int = 0, device: str = "cpu",
                  isolate: bool | None = None) -> None:
+        start = time.perf_counter()
         self.path = Path(path)
         self.name = self.path.stem
+        self.multilingual = True
         self.n_threads = n_threads
         try:
             field = gguf.GGUFReader(self.path).fields.get(_TOKENIZER_KEY)
@@ -61,6 +66,7 @@ class Qwen3AsrModel:
         self._encoding = threading.Lock()  # the encoder's compute buffer serves one call at a time
         self._load_on(device, isolate)
         self.eos = frozenset(self.native.eos_tokens)
+        self.load_s = time.perf_counter() - start
 
     def _load_on(self, device: str, isolate: bool | None) -> None:
         try:

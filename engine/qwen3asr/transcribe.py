@@ -5,23 +5,32 @@ log-mel through the audio tower, its vectors in one prompt, greedy decoding unti
 
     for chunk in transcribe_qwen3(model, samples, language="English"):
         print(f"[{chunk.start:.1f}-{chunk.end:.1f}] {chunk.text}")
+
+    result = transcribe_file(model, samples)   # the same as Whisper's `transcribe` gives it: one Segment a chunk
+    for segment in result: ...                 # then result.info names the language the model heard
 """
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
+from aural.engine.audio import load_audio
 from aural.engine.features import log_mel_spectrogram
-from aural.engine.qwen3asr.model import Qwen3AsrModel
+from aural.engine.metrics import Timings
+from aural.engine.qwen3asr.model import LANGUAGE_NAMES, Qwen3AsrModel
 from aural.engine.qwen3asr.text import parse_output
 from aural.engine.runtime import DeviceFallback
+from aural.engine.transcribe import Segment, Transcription, TranscriptionInfo
 
-__all__ = ["MAX_CHUNK_S", "MAX_NEW_TOKENS", "Qwen3Chunk", "split_chunks", "transcribe_qwen3"]
+__all__ = ["MAX_CHUNK_S", "MAX_NEW_TOKENS", "Qwen3Chunk", "split_chunks", "transcribe_file", "transcribe_qwen3"]
 
 SAMPLE_RATE = 16000
 MAX_CHUNK_S = 1200.0  # utils.py MAX_ASR_INPUT_SECONDS: the most audio the wrapper hands the model at once
@@ -95,19 +104,89 @@ def split_chunks(samples: np.ndarray, max_chunk_s: float = MAX_CHUNK_S) -> list[
 def transcribe_qwen3(model: Qwen3AsrModel, samples: np.ndarray, *, language: str | None = None, context: str = "",
                      max_new_tokens: int = MAX_NEW_TOKENS, max_chunk_s: float = MAX_CHUNK_S,
                      kv_mode: str = "device", kv_type: str = "f16",
-                     on_fallback: Callable[[DeviceFallback], None] | None = None) -> Iterator[Qwen3Chunk]:
+                     on_fallback: Callable[[DeviceFallback], None] | None = None,
+                     stop: threading.Event | None = None) -> Iterator[Qwen3Chunk]:
     """Chunks of 16 kHz mono `samples` transcribed in order (a lazy iterator). language: a name the model
     knows ("English", "Chinese", ...) to force, or None to let it say; context: words to bias towards;
     kv_mode "host": the baseline that moves the K/V history every token; kv_type "f32": an arena without
     f16's rounding (comparisons with an f32 reference). A device that fails under a chunk hands it to the CPU
-    (`Qwen3AsrModel.run`), which transcribes it again from its start; `on_fallback` is told."""
+    (`Qwen3AsrModel.run`), which transcribes it again from its start; `on_fallback` is told. Setting `stop`
+    ends the iteration at the next decoder step (the chunk under way is not yielded)."""
+    stop = stop or threading.Event()
     for piece, offset in split_chunks(samples, max_chunk_s):
-        yield model.run(partial(_transcribe_chunk, model, piece, offset, language=language, context=context,
-                                max_new_tokens=max_new_tokens, kv_mode=kv_mode, kv_type=kv_type), on_fallback)
+        chunk = model.run(partial(_transcribe_chunk, model, piece, offset, language=language, context=context,
+                                  max_new_tokens=max_new_tokens, kv_mode=kv_mode, kv_type=kv_type, stop=stop),
+                          on_fallback)
+        if stop.is_set():
+            return
+        yield chunk
+
+
+def transcribe_file(model: Qwen3AsrModel, source: str | Path | np.ndarray, *, language: str | None = None,
+                    context: str = "", kv_mode: str = "device", path: str | None = None,
+                    progress: Callable[[float, float], None] | None = None, stop: threading.Event | None = None,
+                    on_fallback: Callable[[DeviceFallback], None] | None = None) -> Transcription:
+    """A file (any format `audio.load_audio` reads; `path` names it then) or 16 kHz mono samples as Whisper's
+    `transcribe.transcribe` gives them, so the CLI and the app take either model alike: a `Transcription` whose Segments (one per chunk with text, no word timing: the official
+    wrapper times words with a separate forced aligner) are decoded as it is iterated. language: a code ("en")
+    or a name the model knows, None to let it say; its `info.language` is then the code of the language the
+    model named, once a chunk has been read. `progress(done_s, total_s)` follows each chunk; `stop` as for
+    transcribe_qwen3."""
+    from aural.engine.qwen3asr.model import language_name
+
+    forced = language_name(language) if language else None
+    if not isinstance(source, np.ndarray):
+        path, source = str(source), load_audio(source)
+    samples = source
+    audio_s = len(samples) / SAMPLE_RATE
+    info = TranscriptionInfo(path=path, language=_code(forced) if forced else "", duration_s=audio_s,
+                             model=model.name, backend=model.backend, device=model.device, kv_mode=kv_mode)
+    timings = Timings(load_s=model.load_s, audio_s=audio_s, backend=model.backend, device=model.device,
+                      kv_mode=kv_mode)
+
+    def segments() -> Iterator[Segment]:  # runs once iterated, when `result` below exists
+        yield from _file_segments(result, model, samples, forced, context, kv_mode, progress, stop, on_fallback)
+
+    result = Transcription(info, segments(), timings)
+    return result
+
+
+def _file_segments(result: Transcription, model: Qwen3AsrModel, samples: np.ndarray, forced: str | None,
+                   context: str, kv_mode: str, progress, stop, on_fallback) -> Iterator[Segment]:
+    start, timings, chunks = time.perf_counter(), result.timings, []
+    for chunk in transcribe_qwen3(model, samples, language=forced, context=context, kv_mode=kv_mode,
+                                  on_fallback=on_fallback, stop=stop):
+        chunks.append(chunk)
+        if chunk.language and not result.info.language:
+            result.info = dataclasses.replace(result.info, language=_code(chunk.language))
+        _add(timings, chunks, time.perf_counter() - start, model)
+        if progress is not None:
+            progress(min(chunk.end, timings.audio_s), timings.audio_s)
+        if chunk.text:
+            yield Segment(id=len([c for c in chunks if c.text]) - 1, start=chunk.start,
+                          end=min(chunk.end, timings.audio_s), text=" " + chunk.text, tokens=list(chunk.tokens),
+                          avg_logprob=float("nan"), compression_ratio=float("nan"), no_speech_prob=float("nan"),
+                          temperature=0.0)
+
+
+def _add(timings: Timings, chunks: list[Qwen3Chunk], wall_s: float, model: Qwen3AsrModel) -> None:
+    """The run's timings after its latest chunk: per window (chunk) and per new token."""
+    n_tokens = sum(len(c.tokens) for c in chunks)
+    timings.wall_s, timings.rtf = wall_s, wall_s / max(timings.audio_s, 1e-9)
+    timings.n_windows, timings.n_tokens = len(chunks), n_tokens
+    timings.encoder_ms_list = [c.encode_ms for c in chunks]
+    timings.encoder_ms = sum(timings.encoder_ms_list) / len(chunks)
+    timings.compute_ms = timings.step_compute_ms = sum(c.step_ms * len(c.tokens) for c in chunks) / max(1, n_tokens)
+    timings.backend, timings.device = model.backend, model.device  # a fallback moves them to the CPU
+
+
+def _code(name: str) -> str:
+    """The code of a language the model names ("English" -> "en"); the name itself for one it has no code of."""
+    return next((code for code, known in LANGUAGE_NAMES.items() if known == name), name)
 
 
 def _transcribe_chunk(model: Qwen3AsrModel, piece: np.ndarray, offset: float, *, language: str | None, context: str,
-                      max_new_tokens: int, kv_mode: str, kv_type: str) -> Qwen3Chunk:
+                      max_new_tokens: int, kv_mode: str, kv_type: str, stop: threading.Event) -> Qwen3Chunk:
     t0 = time.perf_counter()
     audio = model.encode_audio(log_mel_spectrogram(piece, 128))
     encode_ms = (time.perf_counter() - t0) * 1e3
@@ -116,7 +195,7 @@ def _transcribe_chunk(model: Qwen3AsrModel, piece: np.ndarray, offset: float, *,
     logits = ctx.decode(np.asarray(prompt, dtype=np.int32), audio=audio)
     prefill_ms = ctx.last_timings["compute_ms"] + ctx.last_timings["kv_io_ms"]
     tokens, step_ms = [], 0.0
-    while (token := int(np.argmax(logits))) not in model.eos:
+    while (token := int(np.argmax(logits))) not in model.eos and not stop.is_set():
         tokens.append(token)
         if len(tokens) == max_new_tokens:
             break
