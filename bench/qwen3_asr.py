@@ -4,7 +4,10 @@ against the host baseline, per weight type.
 
 No real checkpoint is available, so the weights are random ones of the release's shape, made by Qwen's own code
 (tools/qwen-reference, `make qwen-reference`; 1.9 GB bf16, about 40 s and 6 GB of memory once) and converted
-by `aural models convert`. Timing does not depend on the values. The prompt is a transcription prompt of 30 s
+by `aural models convert`. Where that code cannot run (the device machine has no qwen-asr package and no
+network), `--maker numpy` makes them with the tests' numpy tooling instead (tests/test_qwen3_asr.py
+make_checkpoint at the same widths, 44 s and 9.5 GB on 2 cores; its small synthetic vocabulary keeps the
+official special ids out, which timing does not read). Timing does not depend on the values. The prompt is a transcription prompt of 30 s
 of audio as the official processor builds it: the system and user turns around 390 audio vectors (random
 here), 405 tokens in all; the audio tower's time on 30 s of log-mel. Each configuration runs in a process of its own (its peak RSS is its own): load,
 prompt batch, then --steps greedy steps.
@@ -16,6 +19,8 @@ that rebuilds its KV prefix every token (the design's 80.6 ms/token on one AMD G
     .venv/bin/python bench/qwen3_asr.py --rounds 3
     GGML_VK_VISIBLE_DEVICES=0 .venv-vulkan/bin/python bench/qwen3_asr.py --device Vulkan0 --wtypes q8_0 --rounds 1 \
         --steps 8 --name qwen3-asr-vulkan-llvmpipe   # make setup-vulkan first
+    python3 bench/qwen3_asr.py --device CUDA0 --maker numpy --ckpt /tmp/q06 --wtypes q8_0,f16 --rounds 1 \
+        --name qwen3-asr-cuda                        # tools/device-run.sh, on a lent GPU
 """
 
 from __future__ import annotations
@@ -79,10 +84,38 @@ print(json.dumps({"load_s": load_s, "encode_ms": encode_ms, "prompt_tokens": len
 """
 
 
-def checkpoint(path: Path) -> Path:
-    if not (path / "model.safetensors").is_file():
-        if not REFERENCE_PYTHON.is_file():
-            raise SystemExit("no checkpoint at {path} and no reference venv to make one: make qwen-reference")
+# --maker numpy, in a process of its own (a child forked from a process of 9 GB would report that as its peak RSS):
+# the tests' checkpoint at the released model's widths (tools/qwen-reference/checkpoint.py, _AUDIO_0_6B, _TEXT_0_6B).
+NUMPY_MAKER = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_qwen3_asr import make_checkpoint
+
+def widths(config):
+    thinker = config["thinker_config"]
+    thinker["audio_config"].update(num_mel_bins=128, encoder_layers=18, encoder_attention_heads=14,
+                                   encoder_ffn_dim=3584, d_model=896, output_dim=1024, downsample_hidden_size=480)
+    thinker["text_config"].update(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                  num_attention_heads=16, num_key_value_heads=8, head_dim=128)
+    thinker["text_config"]["rope_scaling"]["mrope_section"] = [24, 20, 20]  # 64 rotary pairs
+
+make_checkpoint(Path(sys.argv[1]), edit=widths)
+"""
+
+
+def checkpoint(path: Path, maker: str) -> Path:
+    """The random 0.6B checkpoint at path, made first if it is not there: by Qwen's code ("official"), by numpy
+    ("numpy"), or by the first of them that can run here ("auto")."""
+    if (path / "model.safetensors").is_file():
+        return path
+    if maker == "auto":
+        maker = "official" if REFERENCE_PYTHON.is_file() else "numpy"
+    if maker == "numpy":
+        subprocess.run([sys.executable, "-c", NUMPY_MAKER, str(path), str(ROOT / "tests")], check=True)
+    elif not REFERENCE_PYTHON.is_file():
+        raise SystemExit(f"no checkpoint at {path} and no reference venv to make one: make qwen-reference")
+    else:
         subprocess.run([str(REFERENCE_PYTHON), str(ROOT / "tools" / "qwen-reference" / "reference.py"),
                         "make-checkpoint", str(path), "--shape", "0.6b", "--seed", "0"], check=True)
     return path
@@ -124,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--name", default="qwen3-asr")
     p.add_argument("--device", default="cpu", help="ggml device: cpu, Vulkan0, CUDA0 (default: cpu)")
+    p.add_argument("--maker", choices=("auto", "official", "numpy"), default="auto",
+                   help="what makes the checkpoint when --ckpt has none (default: Qwen's code where it runs)")
     args = p.parse_args(argv)
-    ckpt = checkpoint(args.ckpt)
+    ckpt = checkpoint(args.ckpt, args.maker)
     configs = [(w, mode) for w in args.wtypes.split(",") for mode in MODES]
     runs: dict[str, list[dict]] = {f"{w}/{m}": [] for w, m in configs}
     for r in range(args.rounds):  # interleaved

@@ -3,8 +3,9 @@
 # there from outside), from files prepared here: doctor, the ops that fall back to the CPU
 # (bench/fallback_ops.py), the device test tier (tests/test_device.py on CUDA0 against the CPU), the KV profile
 # (bench/device_kv.py: KV on the device vs the host round-trip, tiny.en and base, JFK and the sonnet, greedy,
-# beam 5 and beam 8 = a batch of 8 sequences per decoder call) and several sessions' decoder steps in one graph
-# (bench/stream_batch.py).
+# beam 5 and beam 8 = a batch of 8 sequences per decoder call), several sessions' decoder steps in one graph
+# (bench/stream_batch.py) and Qwen3-ASR's decoder at the 0.6B shape, KV on the device against the host round-trip
+# (bench/qwen3_asr.py: random weights made there with numpy, as 1.5 GB of them cannot be carried).
 #
 # Usage, in the repository root:
 #   make device-pack                    # here: build/device/carry/ (tools/device-run.sh pack; a Python 3.12)
@@ -24,8 +25,9 @@
 # What runs there: the machine's python3 (3.12, with numpy, pytest, matplotlib, tokenizers and PyTorch's
 # CUDA 13 wheels, nvidia-cublas among them), plus the wheels carried here: ggml-python built with CUDA by
 # `make setup-cuda` (a py3 wheel: plain C libraries), Aural built for Python 3.12, and Aural's dependencies
-# that image lacks. libggml-cuda.so finds the image's cuBLAS through LD_LIBRARY_PATH. Budget there: under 8
-# minutes (unpack and install ~30 s, tests ~2 min, profile ~3 min, batch ~1 min; each step has a time limit).
+# that image lacks. libggml-cuda.so finds the image's cuBLAS through LD_LIBRARY_PATH. Budget there: under 10
+# minutes (unpack and install ~30 s, tests ~2 min, profile ~3 min, batch ~1 min, Qwen3 ~2 min: a 44 s
+# checkpoint, then q8_0 and f16; each step has a time limit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +54,8 @@ TESTS_LIMIT_S=150
 PROFILE_LIMIT_S=240
 BATCH_LIMIT_S=75
 BATCH_ARGS=(--rounds 3)  # bench/stream_batch.py: S sessions' decoder steps in one graph against one by one
+QWEN3_LIMIT_S=150
+QWEN3_ARGS=(--wtypes q8_0,f16 --rounds 1 --steps 32)
 
 say() { echo "device-run: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -213,8 +217,8 @@ profile_models() {
 }
 
 # Unpack, install into a folder of its own, then doctor, the fallback-op list (bench/fallback_ops.py), the device
-# tier and the profile on `backend`; the time limits keep the whole within 8 minutes, so that what ran comes back
-# even when a step hangs. The logs go back as one logs.tar.gz: a device call returns at most 8 files.
+# tier, the profiles and the Qwen3 decoder on `backend`; the time limits keep the whole within 10 minutes, so that
+# what ran comes back even when a step hangs. The logs go back as one logs.tar.gz: a device call returns at most 8 files.
 run_all() {
     local python=$1 backend=$2 stem=$3 deselect=$4 work=/tmp/aural-device started
     started=$(date +%s)
@@ -238,6 +242,10 @@ run_all() {
     step stream-batch timeout "$BATCH_LIMIT_S" "$python" bench/stream_batch.py --backend "$backend" "${BATCH_ARGS[@]}" \
         --name "stream-batch-$stem"
     mv bench/results/stream-batch-"$stem".* "$out/" 2>/dev/null || say "the batch bench wrote no results"
+    local qwen3=${stem/device-kv/qwen3-asr}
+    step qwen3 timeout "$QWEN3_LIMIT_S" "$python" bench/qwen3_asr.py --maker numpy --ckpt "$work/qwen3-0.6b" \
+        --device "$backend" "${QWEN3_ARGS[@]}" --name "$qwen3"
+    mv bench/results/"$qwen3".* "$out/" 2>/dev/null || say "the Qwen3 bench wrote no results"
     echo "total $(( $(date +%s) - started )) s" | tee -a "$out/summary.txt" >&2
     (cd "$out" && tar -czf logs.tar.gz -- *.log *.txt && rm -f -- *.log nvidia-smi.txt)
     ! grep -q 'exit [1-9]' "$out/summary.txt" || die "a step failed: its log is in $out/logs.tar.gz"
@@ -266,6 +274,7 @@ dry_run() {
     mkdir -p "$out"
     receive
     TESTS_LIMIT_S=900 PROFILE_LIMIT_S=1200 BATCH_LIMIT_S=600 BATCH_ARGS=(--rounds 1 --frames 1000)
+    QWEN3_LIMIT_S=900 QWEN3_ARGS=(--wtypes q8_0 --rounds 1 --steps 8)
     run_all "$(image_python)" CPU device-kv-cuda-dry-run "$CPU_DESELECT"
 }
 
