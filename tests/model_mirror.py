@@ -187,6 +187,8 @@ class HubState:
         commit: the 40-hex commit "main" names.
         lfs: files kept in LFS: HEAD and GET redirect to /cdn/<sha256> with X-Linked-Etag and X-Linked-Size.
         lie: file name -> the etag sent for it instead of its own.
+        renamed_from: an earlier name of the repository, answered with a relative redirect to its name now,
+            as the hub answers for a renamed repository.
         cut_once: as MirrorState's, by file name, for GETs of files kept in git and of /cdn/ objects.
         requests: (method, path, Range header or None) of every request, in order.
     """
@@ -196,6 +198,7 @@ class HubState:
     commit: str
     lfs: tuple[str, ...] = ()
     lie: dict[str, str] = field(default_factory=dict)
+    renamed_from: str | None = None
     cut_once: dict[str, int] = field(default_factory=dict)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
 
@@ -210,6 +213,11 @@ def _hub_handler(state: HubState) -> type[BaseHTTPRequestHandler]:
 
         def _answer(self, body: bool) -> None:
             state.requests.append((self.command, self.path, self.headers.get("Range")))
+            if state.renamed_from and self.path.startswith(f"/{state.renamed_from}/"):
+                self.send_response(307)
+                self.send_header("Location", self.path.replace(state.renamed_from, state.repo, 1))
+                self.send_header("Content-Length", "0")
+                return self.end_headers()
             prefix = f"/{state.repo}/resolve/"
             if self.path.startswith("/cdn/") and body:
                 lfs = {hashlib.sha256((state.root / n).read_bytes()).hexdigest(): n for n in state.lfs}

@@ -9,6 +9,7 @@ cancelled pull resumes without fetching again what it has; the pulled name conve
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 
@@ -21,7 +22,8 @@ from test_qwen3_asr import make_checkpoint
 
 from aural.engine.errors import DownloadError
 from aural.engine.models.catalog import MIRROR_ENV, find_entry
-from aural.engine.models.hub import ENDPOINT_ENV
+from aural.engine.models.download import download
+from aural.engine.models.hub import ENDPOINT_ENV, hub_files
 from aural.engine.models.importers import convert_model
 from aural.engine.models.store import cache_dir, catalog_models, pull, resolve_model
 
@@ -103,6 +105,16 @@ def test_a_cancelled_pull_resumes_without_fetching_what_it_has(served, checkpoin
     # Only the weights again (their resolve URL, then the CDN it redirects to), from where the cut left them.
     assert [path.rsplit("/", 1)[-1] for path, _ in gets][0] == "model.safetensors" and gets[1][0].startswith("/cdn/")
     assert len(gets) == 2 and all(rng == "bytes=4096-" for _, rng in gets)
+
+
+def test_a_renamed_repository_is_followed_to_its_name_now(served, checkpoint, tmp_path):
+    served.renamed_from = "Qwen/Qwen3-ASR-0.6B-old"
+    commit, files = hub_files(served.renamed_from, "main", ("config.json", "model.safetensors"))
+    assert commit == COMMIT and [f.size for f in files] == [(checkpoint / f.name).stat().st_size for f in files]
+    assert files[1].checksums == {"sha256": hashlib.sha256((checkpoint / "model.safetensors").read_bytes()).hexdigest()}
+    for f in files:  # the GET follows the same redirect
+        list(download(f.url, tmp_path / f.name, size=f.size, checksums=f.checksums))
+        assert (tmp_path / f.name).read_bytes() == (checkpoint / f.name).read_bytes()
 
 
 def test_a_server_that_is_not_a_hub_is_one_error_line(served, tmp_path, monkeypatch):
