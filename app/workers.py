@@ -25,15 +25,15 @@ from aural.engine.features import N_FRAMES, N_SAMPLES, window_mel
 from aural.engine.history import History, HistoryError, Line, TimedWord
 from aural.engine.live.capture import TappedSource
 from aural.engine.live.mix import MixSource
-from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions, live_events
+from aural.engine.live.streaming import Commit, Error, Metrics, Partial, StreamOptions
 from aural.engine.models.download import TransferRate
 from aural.engine.models.store import PullProgress, catalog_models, pull, resolve_model
-from aural.engine.qwen3asr import Qwen3AsrModel, language_name
-from aural.engine.qwen3asr.streaming import Qwen3StreamOptions, qwen3_live_events
+from aural.engine.qwen3asr import Qwen3AsrModel
+from aural.engine.qwen3asr.streaming import any_live_events
 from aural.engine.qwen3asr.transcribe import transcribe_file as transcribe_qwen3_file
 from aural.engine.runtime import DeviceFallback, WhisperModel, compute_devices, load_any_model
 from aural.engine.speakers import DiarizeOptions, Diarizer, assign_speakers
-from aural.engine.text.chinese import default_script, localize_segments
+from aural.engine.text.chinese import default_script, localize_transcription
 from aural.engine.transcribe import TranscribeOptions, TranscriptionInfo, transcribe
 
 __all__ = ["CatalogLister", "ComputeDevicesWorker", "DoctorWorker", "EncoderProbe", "FileRequest", "FileWorker",
@@ -327,9 +327,9 @@ class FileWorker(_Reporter):
         result = self._run(request, source)
         self.opened.emit(result.info)
         # Chinese in the user's script, as `aural transcribe` writes it (a translation is English).
-        language = result.info.language if request.options.task == "transcribe" else None
         segments = []
-        for segment in localize_segments(result, language, default_script()):
+        for segment in localize_transcription(result, default_script(),
+                                              translated=request.options.task == "translate"):
             segments.append(segment)
             self.segment.emit(segment)
         if request.stop.is_set():
@@ -473,22 +473,13 @@ class LiveWorker(_Worker):
         source = MeteredSource(self._open_source(), self.level.emit, self.levels.emit)
         if self._record is not None:
             source = TappedSource(source, self._record_audio)
-        for event in self._events(source):
+        for event in any_live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop):
             if isinstance(event, Error):
                 self.failed.emit(event.message)
                 continue
             if isinstance(event, Commit):
                 self._write_journal(event)
             signals[type(event)].emit(event)
-
-    def _events(self, source):
-        """The stream's events by the model's own live policy: Whisper's (`options`), or Qwen3-ASR's, which
-        takes the options' language alone."""
-        if not isinstance(self._model, Qwen3AsrModel):
-            return live_events(self._model, source, self._options, kv_mode=self._kv_mode, stop=self._stop)
-        language = language_name(self._options.language) if self._options.language else None
-        return qwen3_live_events(self._model, source, Qwen3StreamOptions(language=language), kv_mode=self._kv_mode,
-                                 stop=self._stop)
 
     def _record_audio(self, samples: np.ndarray) -> None:
         """Like the journal, a full disk stops the recording, not the captions (reported once)."""

@@ -255,6 +255,7 @@ def _transcribe_qwen3_file(model: Any, path: Path, args: argparse.Namespace) -> 
     timing (the official wrapper times words with a separate forced aligner, which Aural does not run yet)."""
     from .audio import load_audio
     from .qwen3asr.transcribe import transcribe_file
+    from .text.chinese import default_script, localize_transcription
 
     unsupported = [flag for flag, on in (("--diarize", args.diarize), ("--task translate", args.task == "translate"),
                                          ("--word-timestamps", args.word_timestamps))
@@ -264,7 +265,7 @@ def _transcribe_qwen3_file(model: Any, path: Path, args: argparse.Namespace) -> 
     samples = load_audio(path, raw_rate=args.raw_rate, raw_format=args.raw_format, raw_channels=args.raw_channels)
     result = transcribe_file(model, samples, language=args.language, context=args.hotwords or "",
                              kv_mode=args.kv_mode, path=str(path))
-    segments = list(result)
+    segments = list(localize_transcription(result, args.zh_script or default_script()))
     out_path = _output_path(args, path)
     with _open_output(out_path) as fh:
         write_result(args.format, segments, result.info, result.timings, fh, max_line_len=args.max_line_len,

@@ -382,6 +382,46 @@ def test_live_captions_over_a_websocket(server, jfk_wav):
     assert last["dropped_blocks"] == 0
 
 
+@pytest.fixture(scope="module")
+def qwen3_gguf(tmp_path_factory) -> Path:
+    """A Qwen3-ASR GGUF of random weights (the test tooling's small shape), f32: its text is the engine's to match."""
+    from test_qwen3_asr import make_checkpoint
+
+    from aural.engine.models.importers import convert_model
+
+    folder = tmp_path_factory.mktemp("qwen3")
+    make_checkpoint(folder / "ckpt")
+    return convert_model(folder / "ckpt", folder / "qwen3-asr-small.gguf", wtype="f32")
+
+
+def test_a_qwen3_asr_model_serves_files_and_live_audio_as_the_engine_does(qwen3_gguf, jfk_wav):
+    from aural.engine.qwen3asr import Qwen3AsrModel
+    from aural.engine.qwen3asr.transcribe import transcribe_file
+
+    expected = " ".join(s.text.strip() for s in transcribe_file(Qwen3AsrModel(qwen3_gguf), jfk_wav))
+    with Server(ServeConfig(api_key=KEY, model=str(qwen3_gguf))) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY)
+        with open(jfk_wav, "rb") as fh:
+            result = client.audio.transcriptions.create(model=OPENAI_MODEL, file=fh, response_format="verbose_json")
+        assert result.text == expected and result.duration == pytest.approx(11.0, abs=0.05)
+        for fields, param in (({"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+                               "timestamp_granularities[]"), ({"response_format": "diarized_json"}, "response_format")):
+            refused = srv.post("/v1/audio/transcriptions", jfk_wav, **fields)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+            assert "Qwen3-ASR" in refused.json()["error"]["message"]
+        assert srv.post("/v1/audio/translations", jfk_wav).status_code == 400
+        pcm = (np.clip(load_audio(jfk_wav), -1, 1) * 32767).astype("<i2").tobytes()
+        with connect(_ws_url(srv, api_key=KEY), open_timeout=30, close_timeout=WAIT_S) as ws:
+            assert json.loads(ws.recv(timeout=WAIT_S))["type"] == "ready"
+            ws.send(pcm)
+            ws.send(json.dumps({"type": "stop"}))
+            events = [json.loads(message) for message in ws]
+        assert "error" not in {e["type"] for e in events}
+        assert [e for e in events if e["type"] == "commit"]
+        assert events[-1]["type"] == "metrics" and events[-1]["audio_s"] == pytest.approx(11.0, abs=0.05)
+        assert srv.metric('aural_requests_total{route="transcriptions",status="200"}') == 1
+
+
 def test_a_live_stream_needs_the_key_and_valid_options(server):
     from websockets.exceptions import ConnectionClosedError
 

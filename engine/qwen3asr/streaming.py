@@ -41,12 +41,13 @@ from functools import partial
 import numpy as np
 
 from aural.engine.features import log_mel_spectrogram
-from aural.engine.live.streaming import Commit, DeviceFallback, Error, Metrics, Partial, source_events
+from aural.engine.live.streaming import (Commit, DeviceFallback, Error, Metrics, Partial, StreamOptions, live_events,
+                                         source_events)
 from aural.engine.qwen3asr.model import Qwen3AsrModel
 from aural.engine.qwen3asr.text import parse_output
 from aural.engine.qwen3asr.transcribe import SAMPLE_RATE, quietest_point
 
-__all__ = ["Qwen3Stream", "Qwen3StreamOptions", "qwen3_live_events"]
+__all__ = ["Qwen3Stream", "Qwen3StreamOptions", "any_live_events", "qwen3_live_events"]
 
 # Text tokens a segment's context holds besides its prompt: the forced text and one chunk's new tokens. A
 # segment whose text outgrows it ends there (Qwen3Stream._decode).
@@ -98,6 +99,19 @@ def qwen3_live_events(model: Qwen3AsrModel, source, options: Qwen3StreamOptions 
     stream = Qwen3Stream(model, options, kv_mode=kv_mode)
     if (yield from source_events(source, stop or threading.Event(), stream.feed)):
         yield from stream.finish()
+
+
+def any_live_events(model, source, options: StreamOptions, *, kv_mode: str = "device",
+                    stop: threading.Event | None = None) -> Iterator[Partial | Commit | Metrics | Error | DeviceFallback]:
+    """A live source's events by the model's own policy, for callers that take either model (the app, `aural
+    serve`): Whisper's `live_events` with `options`, or Qwen3-ASR's stream, which takes the options' language
+    alone (a code, as the app and the server are given it)."""
+    from aural.engine.qwen3asr.model import language_name
+
+    if not isinstance(model, Qwen3AsrModel):
+        return live_events(model, source, options, kv_mode=kv_mode, stop=stop)
+    language = language_name(options.language) if options.language else None
+    return qwen3_live_events(model, source, Qwen3StreamOptions(language=language), kv_mode=kv_mode, stop=stop)
 
 
 class Qwen3Stream:

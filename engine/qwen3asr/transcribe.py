@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from aural.engine.audio import load_audio
+from aural.engine.decoding import compression_ratio
 from aural.engine.features import log_mel_spectrogram
 from aural.engine.metrics import Timings
 from aural.engine.qwen3asr.model import LANGUAGE_NAMES, Qwen3AsrModel
@@ -51,6 +52,8 @@ class Qwen3Chunk:
         tokens: the generated ids, end-of-sequence left out.
         prompt_tokens: the prompt's length (audio vectors included).
         encode_ms: the audio tower's time; prefill_ms: the prompt batch's; step_ms: mean time per new token.
+        avg_logprob: the mean log-probability of the greedy choices, the end-of-sequence one included (openai-whisper
+            decoding.py's sum_logprobs / (tokens + 1)); NaN when nothing was chosen.
     """
 
     start: float
@@ -62,6 +65,7 @@ class Qwen3Chunk:
     encode_ms: float
     prefill_ms: float
     step_ms: float
+    avg_logprob: float = float("nan")
 
 
 def quietest_point(samples: np.ndarray, left: int, right: int, *, default: int) -> int:
@@ -165,8 +169,8 @@ def _file_segments(result: Transcription, model: Qwen3AsrModel, samples: np.ndar
         if chunk.text:
             yield Segment(id=len([c for c in chunks if c.text]) - 1, start=chunk.start,
                           end=min(chunk.end, timings.audio_s), text=" " + chunk.text, tokens=list(chunk.tokens),
-                          avg_logprob=float("nan"), compression_ratio=float("nan"), no_speech_prob=float("nan"),
-                          temperature=0.0)
+                          avg_logprob=chunk.avg_logprob, compression_ratio=compression_ratio(chunk.text),
+                          no_speech_prob=float("nan"), temperature=0.0)  # no no-speech token in Qwen3-ASR
 
 
 def _add(timings: Timings, chunks: list[Qwen3Chunk], wall_s: float, model: Qwen3AsrModel) -> None:
@@ -194,8 +198,12 @@ def _transcribe_chunk(model: Qwen3AsrModel, piece: np.ndarray, offset: float, *,
     ctx = model.new_context(n_ctx=len(prompt) + max_new_tokens, kv_mode=kv_mode, kv_type=kv_type)
     logits = ctx.decode(np.asarray(prompt, dtype=np.int32), audio=audio)
     prefill_ms = ctx.last_timings["compute_ms"] + ctx.last_timings["kv_io_ms"]
-    tokens, step_ms = [], 0.0
-    while (token := int(np.argmax(logits))) not in model.eos and not stop.is_set():
+    tokens, step_ms, logprobs = [], 0.0, []
+    while not stop.is_set():
+        token = int(np.argmax(logits))
+        logprobs.append(_greedy_logprob(logits))
+        if token in model.eos:
+            break
         tokens.append(token)
         if len(tokens) == max_new_tokens:
             break
@@ -204,4 +212,12 @@ def _transcribe_chunk(model: Qwen3AsrModel, piece: np.ndarray, offset: float, *,
     found, text = parse_output(model.decode_text(tokens), forced_language=language)
     return Qwen3Chunk(start=offset, end=offset + len(piece) / SAMPLE_RATE, language=found, text=text,
                       tokens=tuple(tokens), prompt_tokens=len(prompt), encode_ms=encode_ms,
-                      prefill_ms=prefill_ms, step_ms=step_ms / max(1, len(tokens) - 1))
+                      prefill_ms=prefill_ms, step_ms=step_ms / max(1, len(tokens) - 1),
+                      avg_logprob=float(np.mean(logprobs)) if logprobs else float("nan"))
+
+
+def _greedy_logprob(logits: np.ndarray) -> float:
+    """log softmax(logits)[argmax] = -log sum exp(logits - max), in float64 (0.2 ms over 151936 logits, against
+    about 50 ms for the step that made them at the 0.6B shape)."""
+    shifted = logits.astype(np.float64) - float(np.max(logits))
+    return -float(np.log(np.exp(shifted).sum()))

@@ -38,7 +38,7 @@ from ..errors import AudioError, AuralError
 from ..runtime import WhisperModel
 from ..speakers import Diarizer, assign_speakers
 from ..speakers.weights import installed as speaker_models_installed
-from ..text.chinese import default_script, localize_segments
+from ..text.chinese import default_script, localize_segments, localize_transcription
 from ..text.tokenizer import normalize_language
 from ..transcribe import TranscribeOptions, transcribe
 from . import live
@@ -146,9 +146,11 @@ def create_app(config: ServeConfig, *, load: Callable[[str | None], WhisperModel
 def _loader(config: ServeConfig) -> Callable[[str | None], WhisperModel]:
     def load(spec: str | None) -> WhisperModel:
         from ..models.store import resolve_model
-        from ..runtime import load_model
+        from ..runtime import load_any_model
 
-        model = load_model(resolve_model(spec), device=config.device, n_threads=_threads(config))
+        model = load_any_model(resolve_model(spec), device=config.device, n_threads=_threads(config))
+        if not isinstance(model, WhisperModel):  # Qwen3-ASR: one request at a time per context, no shared steps
+            return model
         if config.batch and not model.isolated:
             model.batcher = DecodeBatcher(model)
         if config.kv_pool_mib > 0 and not model.isolated:
@@ -413,6 +415,8 @@ def _transcribe_file(registry: ModelRegistry, model_name: str, path: str, option
 def _transcribe_and_label(registry: ModelRegistry, model_name: str, path: str, options: TranscribeOptions,
                           stop: StopEvent, diarize: bool) -> Finished:
     model = registry.get(model_name)
+    if not isinstance(model, WhisperModel):
+        return _qwen3_file(model, path, options, stop, diarize)
     if options.task == "translate" and not model.multilingual:
         raise ApiError(400, f"{model.name} is English-only and cannot translate; ask for a multilingual model.",
                        param="model")
@@ -424,6 +428,25 @@ def _transcribe_and_label(registry: ModelRegistry, model_name: str, path: str, o
     if audio is not None and not stop.is_set():
         turns = list(_diarizer().diarize(audio, stop=stop))
         segments = list(assign_speakers(segments, turns, label=speaker_letter))
+    return Finished(options.task, result.info, segments, result.timings)
+
+
+def _qwen3_file(model, path: str, options: TranscribeOptions, stop: StopEvent, diarize: bool) -> Finished:
+    """A request to a Qwen3-ASR model (engine/qwen3asr): one segment per chunk of up to 20 minutes, the prompt as
+    the words to bias towards; what it cannot do is a 400 naming the field."""
+    from ..qwen3asr.transcribe import transcribe_file
+
+    refused = [(param, what) for param, what, asked in (
+        ("model", "translate", options.task == "translate"),
+        ("timestamp_granularities[]", "time words", options.word_timestamps),
+        ("response_format", "name speakers (diarized_json)", diarize)) if asked]
+    if refused:
+        param, what = refused[0]
+        raise ApiError(400, f"{model.name} is a Qwen3-ASR model, which does not {what}; ask for a Whisper model.",
+                       param=param)
+    result = transcribe_file(model, path, language=options.language, context=options.initial_prompt or "",
+                             stop=stop)
+    segments = list(localize_transcription(result, default_script()))
     return Finished(options.task, result.info, segments, result.timings)
 
 

@@ -28,7 +28,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from ..audio import SAMPLE_RATE
 from ..errors import AuralError
 from ..live.capture import PushSource
-from ..live.streaming import FLAG_FIELDS, Error, Metrics, StreamOptions, event_dict, flagged_options, live_events
+from ..live.streaming import FLAG_FIELDS, Error, Metrics, StreamOptions, event_dict, flagged_options
+from ..qwen3asr.streaming import any_live_events
 from ..text.tokenizer import normalize_language
 from .registry import Admission, Busy, ModelRegistry, UnknownModel
 from .telemetry import ServerMetrics
@@ -107,7 +108,7 @@ async def _stream(ws: WebSocket, registry: ModelRegistry, options: StreamOptions
         from aural import _native
 
         try:
-            for event in live_events(model, source, options, stop=stop):
+            for event in any_live_events(model, source, options, stop=stop):
                 loop.call_soon_threadsafe(events.put_nowait, event)
         except _native.ContextFullError as exc:  # the streams' shared KV pool (--kv-pool-mb) has no free block
             full = Error(f"{exc}: the server is at its KV memory limit; retry later (aural serve --kv-pool-mb)")

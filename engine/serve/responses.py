@@ -10,6 +10,7 @@ asked for with `timestamp_granularities[]=word`, the words with their times.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -113,7 +114,12 @@ def _segment(s: Segment) -> dict:
         "text": s.text,
         "tokens": list(s.tokens),
         "temperature": s.temperature,
-        "avg_logprob": s.avg_logprob,
-        "compression_ratio": s.compression_ratio,
-        "no_speech_prob": s.no_speech_prob,
+        "avg_logprob": _number(s.avg_logprob),
+        "compression_ratio": _number(s.compression_ratio),
+        "no_speech_prob": _number(s.no_speech_prob),
     }
+
+
+def _number(value: float) -> float | None:
+    """A value the model does not give (NaN: Qwen3-ASR has no no-speech probability) is null, as JSON has no NaN."""
+    return value if math.isfinite(value) else None

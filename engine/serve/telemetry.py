@@ -48,14 +48,15 @@ class ServerMetrics:
             lambda: sum(size for _, size in self.live_kv.values()))
 
         # Continuous batching (batching.DecodeBatcher): shared decoder steps, and the streams' steps they held.
-        batchers = lambda: [m.batcher for m in models.loaded() if m.batcher is not None]  # noqa: E731
+        # getattr: a Qwen3-ASR model has neither a batcher nor a KV pool.
+        batchers = lambda: [m.batcher for m in models.loaded() if getattr(m, "batcher", None)]  # noqa: E731
         Gauge("aural_decode_shared_steps", "Decoder graphs run for several streams' steps at once",
               registry=r).set_function(lambda: sum(b.steps for b in batchers()))
         Gauge("aural_decode_stream_steps", "Streams' decoder steps those graphs held (their ratio: the mean batch)",
               registry=r).set_function(lambda: sum(b.stream_steps for b in batchers()))
 
         # The shared KV pools (--kv-pool-mb): blocks held by the streams against blocks reserved.
-        pools = lambda: [m.kv_pool for m in models.loaded() if m.kv_pool is not None]  # noqa: E731
+        pools = lambda: [m.kv_pool for m in models.loaded() if getattr(m, "kv_pool", None)]  # noqa: E731
         Gauge("aural_kv_pool_used_bytes", "Bytes of the KV pools' blocks the streams hold now",
               registry=r).set_function(lambda: sum(p.used_blocks * p.block_bytes for p in pools()))
         Gauge("aural_kv_pool_peak_bytes", "The most bytes of the KV pools' blocks held at once",

@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["SCRIPTS", "UNSPACED_CHARS", "default_script", "localize_segments", "to_script"]
+__all__ = ["SCRIPTS", "UNSPACED_CHARS", "default_script", "localize_segments", "localize_transcription", "to_script"]
 
 # Characters of scripts written without spaces between words, as a regex character class's inside: CJK
 # ideographs (with extensions and compatibility forms), kana, and CJK and full-width punctuation (Unicode
@@ -98,6 +98,15 @@ def localize_segments(segments: Iterable[Any], language: str | None, script: str
     if language != "zh":
         return iter(segments)
     return (_localize(segment, script) for segment in segments)
+
+
+def localize_transcription(transcription: Any, script: str, *, translated: bool = False) -> Iterator[Any]:
+    """localize_segments over a transcription (transcribe.Transcription) whose language is read as each segment
+    comes: a Qwen3-ASR transcription names it only once its first chunk is decoded. A translation (English)
+    passes through unchanged. Lazy."""
+    _check(script)
+    for segment in transcription:
+        yield from localize_segments((segment,), None if translated else transcription.info.language, script)
 
 
 def _localize(segment: Any, script: str) -> Any:
