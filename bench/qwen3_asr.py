@@ -7,10 +7,11 @@ No real checkpoint is available, so the weights are random ones of the release's
 by `aural models convert`. Where that code cannot run (the device machine has no qwen-asr package and no
 network), `--maker numpy` makes them with the tests' numpy tooling instead (tests/test_qwen3_asr.py
 make_checkpoint at the same widths, 44 s and 9.5 GB on 2 cores; its small synthetic vocabulary keeps the
-official special ids out, which timing does not read). Timing does not depend on the values. The prompt is a transcription prompt of 30 s
-of audio as the official processor builds it: the system and user turns around 390 audio vectors (random
-here), 405 tokens in all; the audio tower's time on 30 s of log-mel. Each configuration runs in a process of its own (its peak RSS is its own): load,
-prompt batch, then --steps greedy steps.
+official special ids out, which timing does not read). Timing does not depend on the values. The prompt is a
+transcription prompt of 30 s of audio as the official processor builds it: the system and user turns around 390
+audio vectors (random here), 405 tokens in all (421 with the numpy checkpoint's tokenizer); the audio tower's
+time on 30 s of log-mel. Each configuration runs in a process of its own (its peak RSS is its own): load, prompt
+batch, then --steps greedy steps.
 
 KV bytes per token: 2 (K, V) x 28 layers x 8 K/V heads x 128 x 2 bytes (f16) = 112 KiB. Host mode moves the
 whole history to the device before every call and the new rows back after it: the traffic a decoder pays

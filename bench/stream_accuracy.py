@@ -126,7 +126,8 @@ def markdown(report: dict) -> str:
         f"{report['commit']} · command: `{report['command']}`", "",
         "Sets as in accuracy.md (dev, long, phone 8 kHz, noisy 10 dB). Each file streamed at speed 0 through "
         "live_events with the default StreamOptions but what the config names (offline: transcribed whole with "
-        "the default TranscribeOptions, greedy or beam b); cells: corpus WER % of the commits (word errors).", "", md_table(header, rows), ""])
+        "the default TranscribeOptions, greedy or beam b); cells: corpus WER % of the commits (word errors).", "",
+        md_table(header, rows), ""])
 
 
 def main(argv: list[str]) -> int:

@@ -104,9 +104,9 @@ def download(url: str, target: Path, *, size: int | None, checksums: dict[str, s
     """Stream url into target's partial, yielding its progress; verify the checksums; rename onto target.
 
     size: the file's bytes (None: the server's Content-Length is trusted). checksums: hashlib name (or
-    "git-blob-sha1", hub.py) -> hex digest, at least one. stop: set it to cancel after the current read (the partial stays). extra_space:
-    bytes the caller needs besides the file (a conversion), included in the free-space check made before any
-    byte is fetched. Failures raise DownloadError with one line for the user.
+    "git-blob-sha1", hub.py) -> hex digest, at least one. stop: set it to cancel after the current read (the
+    partial stays). extra_space: bytes the caller needs besides the file (a conversion), included in the
+    free-space check made before any byte is fetched. Failures raise DownloadError with one line for the user.
     """
     partial = partial_path(target)
     _check_space(target.parent, size, _size_on_disk(partial), extra_space)

@@ -19,8 +19,9 @@ ggml-<name>.bin, the verified whisper.cpp download (kept, so another --type conv
 damaged GGUF is made again), <name>-<wtype>.gguf with its sidecar for each type converted, and while a
 download is unfinished its resumable partial (models/download.py). A model of the catalog's hub_models
 (Qwen3-ASR) keeps its repository's files in source/ instead, with source/commit.txt, the commit they all came
-from, written once every file is in and verified: the download is complete when it is there. A pulled name wins over a packaged one of the same
-name (tiny.en, base): the user fetched it on purpose. Nothing is ever downloaded while resolving a name.
+from, written once every file is in and verified: the download is complete when it is there. A pulled name wins
+over a packaged one of the same name (tiny.en, base): the user fetched it on purpose. Nothing is ever downloaded
+while resolving a name.
 
 Bundled models: a self-contained build (the PyInstaller bundle of `make package`) ships converted files as
 <package>/models/<name>-<wtype>.gguf, next to engine/ and app/. A known name resolves to such a file first,

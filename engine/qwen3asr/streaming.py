@@ -102,7 +102,8 @@ def qwen3_live_events(model: Qwen3AsrModel, source, options: Qwen3StreamOptions 
 
 
 def any_live_events(model, source, options: StreamOptions, *, kv_mode: str = "device",
-                    stop: threading.Event | None = None) -> Iterator[Partial | Commit | Metrics | Error | DeviceFallback]:
+                    stop: threading.Event | None = None,
+                    ) -> Iterator[Partial | Commit | Metrics | Error | DeviceFallback]:
     """A live source's events by the model's own policy, for callers that take either model (the app, `aural
     serve`): Whisper's `live_events` with `options`, or Qwen3-ASR's stream, which takes the options' language
     alone (a code, as the app and the server are given it)."""
