@@ -313,14 +313,15 @@ def load_model(path: str | Path, *, device: str = "auto", n_threads: int = 0,
     return model
 
 
-def load_any_model(path: str | Path, *, device: str = "auto", n_threads: int = 0) -> Any:
+def load_any_model(path: str | Path, *, device: str = "auto", n_threads: int = 0, isolate: bool | None = None) -> Any:
     """The model a file holds, whatever its architecture: a `qwen3asr.Qwen3AsrModel` for a Qwen3-ASR GGUF,
-    else load_model's WhisperModel; either on `device`, or on the CPU with `fallback` saying why."""
+    else load_model's WhisperModel; either on `device`, or on the CPU with `fallback` saying why. `isolate` as for
+    WhisperModel."""
     from aural.engine.qwen3asr import Qwen3AsrModel, gguf_architecture
 
     if Path(path).suffix == ".gguf" and gguf_architecture(path) == "qwen3-asr":
-        return Qwen3AsrModel(path, n_threads=n_threads, device=device)
-    return load_model(path, device=device, n_threads=n_threads)
+        return Qwen3AsrModel(path, n_threads=n_threads, device=device, isolate=isolate)
+    return load_model(path, device=device, n_threads=n_threads, isolate=isolate)
 
 
 def _on_cpu(path: str | Path, n_threads: int, fallback: DeviceFallback) -> WhisperModel:

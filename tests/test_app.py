@@ -1067,9 +1067,9 @@ def test_a_device_process_that_dies_mid_file_leaves_the_app_running_and_finishes
 
     from aural.app import workers
     from aural.engine.isolation import RemoteContext
-    from aural.engine.runtime import load_model
+    from aural.engine.runtime import load_any_model
 
-    monkeypatch.setattr(workers, "load_model", partial(load_model, isolate=True))  # the CPU in a device process
+    monkeypatch.setattr(workers, "load_any_model", partial(load_any_model, isolate=True))  # the CPU in a device process
     encode, encodes = RemoteContext.encode, []
 
     def encode_then_crash(ctx, mel):
