@@ -164,6 +164,19 @@ def test_committed_words_are_skipped_once(committed, hypothesis, new):
     assert " ".join(w.text for w in hyp[_skip_committed(ws(committed), hyp):]) == new
 
 
+def test_a_window_just_cut_keeps_the_new_words_whisper_wrote_in_place_of_the_committed_ones():
+    """The 5 minute series over a telephone line, beam 5: cut at a pause with "ask what you can do for your
+    country" committed in the window, whose first hypothesis left those words out. The closest prefix differs
+    in 23 of their 29 characters: taken as them, it swallowed "It was the first great"."""
+    committed, hyp = ws("ask what you can do for your country"), ws("It was the first great sorrow of his life")
+    assert _skip_committed(committed, hyp) == 5
+    assert _skip_committed(committed, hyp, strict=True) == 0
+    # Committed words heard again, differently, are still skipped.
+    assert _skip_committed(ws("stuff it"), ws("stuffed into you his belly"), strict=True) == 1
+    assert _skip_committed(ws("And so am I fellow Americans."), ws("And so my fellow Americans, ask not"),
+                           strict=True) == 5
+
+
 def test_timestamped_tokens_become_words_with_segment_cuts(model):
     tok = model.tokenizer
     ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731

@@ -575,7 +575,12 @@ def _prefix_distances(a: str, b: str) -> np.ndarray:
     return row
 
 
-def _skip_committed(committed: Sequence[_Word], words: Sequence[_Word]) -> int:
+# Most character edits, per committed character, between the committed words left in a window just cut and the
+# prefix of its first hypothesis taken to repeat them (_skip_committed, strict).
+_SKIP_MAX_EDITS = 0.5
+
+
+def _skip_committed(committed: Sequence[_Word], words: Sequence[_Word], *, strict: bool = False) -> int:
     """How many leading words of a new hypothesis repeat the committed words still in the window.
 
     The new hypothesis starts at the same audio as those words, so it normally repeats them, but it
@@ -586,10 +591,15 @@ def _skip_committed(committed: Sequence[_Word], words: Sequence[_Word]) -> int:
     if not committed:
         return 0
     keys = [w.key for w in words]
-    distances = _prefix_distances("".join(w.key for w in committed), "".join(keys))
+    text = "".join(w.key for w in committed)
+    distances = _prefix_distances(text, "".join(keys))
     ends = [0, *accumulate(len(k) for k in keys)]
     # Ties go to the word count nearest the committed one.
-    return min(range(len(ends)), key=lambda k: (distances[ends[k]], abs(k - len(committed))))
+    best = min(range(len(ends)), key=lambda k: (distances[ends[k]], abs(k - len(committed))))
+    # strict (the first hypothesis after a cut): a closest prefix that differs in most of its characters is not
+    # the committed words heard again; Whisper left them out (the 5 minute series over a telephone line went on
+    # from the sentence after them), and skipping it would drop as many new words ("it was the first great").
+    return 0 if strict and distances[ends[best]] > _SKIP_MAX_EDITS * len(text) else best
 
 
 def _newer_tail(old: list[_Word], new: list[_Word]) -> list[_Word]:
@@ -671,6 +681,7 @@ class _Stream:
         self.silence_from: int | None = 0  # input sample index where the gate last closed
         self.committed: list[_Word] = []
         self.in_window = 0  # the last `in_window` committed words lie inside the window
+        self.cut_pending = False  # the window was cut and no hypothesis with words has been decoded from it since
         self.tail: list[_Word] = []  # the previous hypothesis' uncommitted words
         # With agree_gap_s: (input samples decoded, words) of the hypotheses since the window last changed,
         # newest last; the newest at least the gap older than a new one is what that one must agree with.
@@ -741,7 +752,8 @@ class _Stream:
     def _step(self) -> Iterator[Event]:
         started = time.perf_counter()
         hyp, result = self._decode()
-        done = _skip_committed(self._committed_in_window(), hyp.words)
+        done = _skip_committed(self._committed_in_window(), hyp.words, strict=self.cut_pending)
+        self.cut_pending = self.cut_pending and not hyp.words
         tail = hyp.words[done:]
         if self.options.policy == "alignatt":
             agreed = max(0, min(len(tail), self._heard_words(result) - done))
@@ -981,6 +993,7 @@ class _Stream:
     def _cut(self, start: int) -> None:
         self.audio = self.audio[start - self.window_start:].copy()
         self.window_start = start
+        self.cut_pending = True  # the next hypothesis with words is the new window's first
         self.earlier.clear()  # hypotheses of the longer window: their words are not the new window's
 
     # -- costs --
