@@ -281,7 +281,7 @@ def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: 
         return _transcribe_qwen3_file(model, path, args)
     from .audio import load_audio
     from .speakers import DiarizeOptions, assign_speakers
-    from .text.chinese import default_script, localize_segments
+    from .text.chinese import default_script, localize_transcription
     from .transcribe import transcribe
 
     if args.task == "translate" and not model.multilingual:
@@ -303,8 +303,8 @@ def _transcribe_file(model: Any, path: Path, args: argparse.Namespace, options: 
                 raw_rate=args.raw_rate, raw_format=args.raw_format, progress=progress, stop=stop,
             )
             # A translation is English whatever was spoken: only transcripts can hold Chinese.
-            language = result.info.language if args.task == "transcribe" else None
-            segments = localize_segments(result, language, args.zh_script or default_script())
+            segments = localize_transcription(result, args.zh_script or default_script(),
+                                              translated=args.task == "translate")
             if turns is not None:
                 segments = assign_speakers(segments, turns)
             write_result(args.format, segments, result.info, result.timings, fh,

@@ -514,22 +514,26 @@ def _pulled_repo(name: str) -> Path:
 _COMMIT_FILE = "commit.txt"
 
 
+def _hub_downloaded(name: str) -> bool:
+    """Whether a hub model's files are all in and verified (commit.txt is written last)."""
+    return (_pulled_repo(name) / _COMMIT_FILE).is_file()
+
+
 def _is_downloaded(name: str) -> bool:
-    return _pulled_source(name).is_file() or (_pulled_repo(name) / _COMMIT_FILE).is_file()
+    return _pulled_source(name).is_file() or _hub_downloaded(name)
 
 
 def _download_bytes(name: str) -> int:
     """Bytes of a finished download: the ggml file, or the hub model's files."""
-    repo = _pulled_repo(name)
-    if (repo / _COMMIT_FILE).is_file():
-        return sum(p.stat().st_size for p in repo.iterdir() if p.is_file() and p.name != _COMMIT_FILE)
+    if _hub_downloaded(name):
+        return sum(p.stat().st_size for p in _pulled_repo(name).iterdir() if p.is_file() and p.name != _COMMIT_FILE)
     return _file_bytes(_pulled_source(name))
 
 
 def _partial_bytes(name: str) -> int:
     """Bytes of unfinished downloads a pull would resume (a hub model's finished files included)."""
     repo = _pulled_repo(name)
-    if repo.is_dir() and not (repo / _COMMIT_FILE).is_file():
+    if repo.is_dir() and not _hub_downloaded(name):
         return sum(p.stat().st_size for p in repo.iterdir() if p.is_file())
     return _file_bytes(partial_path(_pulled_source(name)))
 
@@ -549,7 +553,7 @@ def _resolve_pulled(name: str, wtype: str | None) -> Path:
     """The GGUF of a pulled model, converted from its kept download if missing or damaged."""
     if wtype is None:  # the most precise type pulled; f16 (converted now) when only the download is there
         wtype = next((w for w in WEIGHT_TYPES if _pulled_gguf(name, w).is_file()), "f16")
-    hub = (_pulled_repo(name) / _COMMIT_FILE).is_file()
+    hub = _hub_downloaded(name)
     source = _pulled_repo(name) if hub else _pulled_source(name)
     target = _pulled_gguf(name, wtype)
     if not _is_downloaded(name) and not target.is_file():

@@ -38,7 +38,7 @@ from ..errors import AudioError, AuralError
 from ..runtime import WhisperModel
 from ..speakers import Diarizer, assign_speakers
 from ..speakers.weights import installed as speaker_models_installed
-from ..text.chinese import default_script, localize_segments, localize_transcription
+from ..text.chinese import default_script, localize_transcription
 from ..text.tokenizer import normalize_language
 from ..transcribe import TranscribeOptions, transcribe
 from . import live
@@ -423,8 +423,7 @@ def _transcribe_and_label(registry: ModelRegistry, model_name: str, path: str, o
     audio = load_audio(path) if diarize else None  # diarization needs the whole recording: decoded once for both
     result = transcribe(model, path if audio is None else audio, options, stop=stop)
     # A translation is English whatever was spoken: only transcripts can hold Chinese.
-    language = result.info.language if options.task == "transcribe" else None
-    segments = list(localize_segments(result, language, default_script()))
+    segments = list(localize_transcription(result, default_script(), translated=options.task == "translate"))
     if audio is not None and not stop.is_set():
         turns = list(_diarizer().diarize(audio, stop=stop))
         segments = list(assign_speakers(segments, turns, label=speaker_letter))

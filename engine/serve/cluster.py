@@ -78,7 +78,7 @@ class _Transcriber:
     def run(self, path: str, data: bytes, options: TranscribeOptions):
         import ray
 
-        from ..text.chinese import default_script, localize_segments
+        from ..text.chinese import default_script, localize_transcription
         from ..transcribe import transcribe
 
         node = ray.get_runtime_context().get_node_id()[:12]
@@ -87,8 +87,7 @@ class _Transcriber:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             result = transcribe(self.model, local, options)
-            language = result.info.language if options.task == "transcribe" else None
-            segments = list(localize_segments(result, language, default_script()))
+            segments = list(localize_transcription(result, default_script(), translated=options.task == "translate"))
             info = dataclasses.replace(result.info, path=path)
             return path, info, segments, result.timings, None, node
         except AuralError as exc:

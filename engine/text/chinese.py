@@ -103,10 +103,11 @@ def localize_segments(segments: Iterable[Any], language: str | None, script: str
 def localize_transcription(transcription: Any, script: str, *, translated: bool = False) -> Iterator[Any]:
     """localize_segments over a transcription (transcribe.Transcription) whose language is read as each segment
     comes: a Qwen3-ASR transcription names it only once its first chunk is decoded. A translation (English)
-    passes through unchanged. Lazy."""
+    passes through unchanged. Lazy, and like localize_segments raises ValueError for a bad script at once."""
     _check(script)
-    for segment in transcription:
-        yield from localize_segments((segment,), None if translated else transcription.info.language, script)
+    return (localized for segment in transcription
+            for localized in localize_segments((segment,), None if translated else transcription.info.language,
+                                               script))
 
 
 def _localize(segment: Any, script: str) -> Any:
