@@ -260,6 +260,8 @@ def test_a_file_with_two_voices_shows_its_speakers_who_are_kept_renamed_and_expo
     jfk_rows = [row for row in range(table.rowCount()) if "country" in table.item(row, 3).text().lower()]
     assert jfk_rows and all(speakers[row] == "Speaker 2" for row in jfk_rows)
 
+    # `kept` comes before the job's end, which enables Edit in History: a click before it would do nothing.
+    wait_status(qtbot, window, last_job(window), JobStatus.DONE)
     qtbot.mouseClick(window.result.history_button, Qt.MouseButton.LeftButton)
     view = window.history_view
     assert not view.lines.isColumnHidden(2)
