@@ -105,9 +105,8 @@ def localize_transcription(transcription: Any, script: str, *, translated: bool 
     comes: a Qwen3-ASR transcription names it only once its first chunk is decoded. A translation (English)
     passes through unchanged. Lazy, and like localize_segments raises ValueError for a bad script at once."""
     _check(script)
-    return (localized for segment in transcription
-            for localized in localize_segments((segment,), None if translated else transcription.info.language,
-                                               script))
+    return (_localize(segment, script) if not translated and transcription.info.language == "zh" else segment
+            for segment in transcription)
 
 
 def _localize(segment: Any, script: str) -> Any:
