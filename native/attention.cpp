@@ -13,6 +13,9 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define AURAL_X86_KERNELS 1
+// GCC 12's avx512fintrin.h merges unmasked results into _mm512_undefined_*(), which -Wmaybe-uninitialized
+// reports at every inlined use (_mm512_cvtph_ps, _mm512_reduce_add_ps, _mm512_shuffle_f32x4): not a real read.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #define AURAL_INLINE inline __attribute__((always_inline))
 // GCC notes that passing 256/512-bit vectors by value depends on the ISA. The helpers taking them are always
@@ -260,6 +263,18 @@ struct f16_avx512 {
     __attribute__((target("avx512f"))) static inline V broadcast(float x) { return _mm512_set1_ps(x); }
     __attribute__((target("avx512f"))) static inline void store(float * p, V v) { _mm512_storeu_ps(p, v); }
     __attribute__((target("avx512f,f16c"))) static inline float scalar(ggml_fp16_t h) { return _cvtsh_ss(h); }
+    // [sum(a), sum(b), sum(c), sum(d)]: each folded to 8 lanes, then f16_avx2::sum4's horizontal adds.
+    __attribute__((target("avx512f"))) static inline __m256 fold(V x) {
+        return _mm512_castps512_ps256(_mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 0, 3, 2))));
+    }
+    __attribute__((target("avx512f"))) static inline __m128 sum4(V a, V b, V c, V d) {
+        const __m256 ab = _mm256_hadd_ps(fold(a), fold(b)), cd = _mm256_hadd_ps(fold(c), fold(d));
+        const __m256 abcd = _mm256_hadd_ps(ab, cd);
+        return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+    }
+    __attribute__((target("avx512f"))) static inline void store4(float * p, __m128 x, float scale) {
+        _mm_storeu_ps(p, _mm_mul_ps(x, _mm_set1_ps(scale)));
+    }
 };
 
 struct f16_avx2 {
@@ -278,6 +293,15 @@ struct f16_avx2 {
     __attribute__((target("avx2,fma,f16c"))) static inline V broadcast(float x) { return _mm256_set1_ps(x); }
     __attribute__((target("avx2,fma,f16c"))) static inline void store(float * p, V v) { _mm256_storeu_ps(p, v); }
     __attribute__((target("avx2,fma,f16c"))) static inline float scalar(ggml_fp16_t h) { return _cvtsh_ss(h); }
+    // [sum(a), sum(b), sum(c), sum(d)]: two rounds of horizontal adds leave each 128-bit half holding the four
+    // half-sums, then the halves are added.
+    __attribute__((target("avx2,fma,f16c"))) static inline __m128 sum4(V a, V b, V c, V d) {
+        const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+        return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+    }
+    __attribute__((target("avx2,fma,f16c"))) static inline void store4(float * p, __m128 x, float scale) {
+        _mm_storeu_ps(p, _mm_mul_ps(x, _mm_set1_ps(scale)));
+    }
 };
 
 constexpr int64_t cross_head_dim = 64;  // every Whisper size (n_state / n_head); checked when the op is made
@@ -289,19 +313,51 @@ struct cross_shapes {
     size_t v_dim, v_head;  // bytes between V^T rows of successive dimensions, heads
 };
 
-// w[r][j] = q_r . k_j / sqrt(head_dim) for the block's R rows: each K row is converted once for all of them.
+// w[r][j] = q_r . k_j / sqrt(head_dim) for the block's R rows. Keys go in groups of cross_key_group: each row
+// keeps one sum per key of the group and reduces the group's sums together (O::sum4, three horizontal adds),
+// where one key at a time spent a whole horizontal sum and a scalar store on each 64-long dot. With R > 1 the
+// group's keys are widened to f32 once, into an L1 buffer the rows read; a single row (greedy) widens them in
+// its registers. Every row adds the same products in the same order for any R, so a beam's scores do not
+// depend on how many beams share the block. Keys past the last whole group go one at a time (O::sum).
 // R is a compile-time count (cross_block_of), so the row loops unroll with every sum in a register: with the
 // count known only at run time GCC 12 tested it again for each row of each key and of each V chunk.
+constexpr int cross_key_group = 4;
+
 template <class O, int R>
 inline void cross_scores(const cross_shapes & s, const float * q, const char * k, float * w, int64_t ld) {
-    constexpr int W = O::W, n_vec = cross_head_dim / W;
+    constexpr int W = O::W, n_vec = cross_head_dim / W, G = cross_key_group;
+    using V = typename O::V;
     const float scale = 1.0f / std::sqrt(static_cast<float>(cross_head_dim));
-    for (int64_t j = 0; j < s.n_cross; ++j) {
-        const auto * kj = reinterpret_cast<const ggml_fp16_t *>(k + j * s.k_pos);
-        typename O::V kv[n_vec];
-        for (int i = 0; i < n_vec; ++i) kv[i] = O::half(kj + i * W);
+    auto key_row = [&](int64_t j) { return reinterpret_cast<const ggml_fp16_t *>(k + j * s.k_pos); };
+    alignas(64) float widened[R > 1 ? G : 1][cross_head_dim];
+    const int64_t grouped = s.n_cross / G * G;
+    for (int64_t j = 0; j < grouped; j += G) {
+        if constexpr (R > 1) {
+            for (int g = 0; g < G; ++g) {
+                for (int i = 0; i < n_vec; ++i) O::store(widened[g] + i * W, O::half(key_row(j + g) + i * W));
+            }
+        }
         for (int r = 0; r < R; ++r) {
-            typename O::V acc = O::zero();
+            V acc[G];
+            for (int g = 0; g < G; ++g) acc[g] = O::zero();
+            for (int i = 0; i < n_vec; ++i) {
+                const V qi = O::load(q + r * s.n_state + i * W);
+                for (int g = 0; g < G; ++g) {
+                    if constexpr (R > 1) {
+                        acc[g] += qi * O::load(widened[g] + i * W);
+                    } else {
+                        acc[g] += qi * O::half(key_row(j + g) + i * W);
+                    }
+                }
+            }
+            O::store4(w + r * ld + j, O::sum4(acc[0], acc[1], acc[2], acc[3]), scale);
+        }
+    }
+    for (int64_t j = grouped; j < s.n_cross; ++j) {
+        V kv[n_vec];
+        for (int i = 0; i < n_vec; ++i) kv[i] = O::half(key_row(j) + i * W);
+        for (int r = 0; r < R; ++r) {
+            V acc = O::zero();
             for (int i = 0; i < n_vec; ++i) acc += O::load(q + r * s.n_state + i * W) * kv[i];
             w[r * ld + j] = O::sum(acc) * scale;
         }
