@@ -147,6 +147,11 @@ class _Worker(_Reporter):
         raise NotImplementedError
 
 
+# Sessions of one model that decode at once in the app: the live captions', the file queue's (one file at a
+# time), and one a file reopens for whole windows while its first is still held (runtime.FallbackSession.fit).
+APP_SESSIONS = 3
+
+
 class ModelLoader(_Worker):
     """Resolves (converting on first use) and loads one model on a compute device: on the CPU, with the
     model's `fallback` saying why, when that device cannot be used. Whisper or Qwen3-ASR, as the file holds."""
@@ -159,7 +164,13 @@ class ModelLoader(_Worker):
         self._device = device
 
     def _work(self) -> None:
-        self.loaded.emit(load_any_model(resolve_model(self._spec), device=self._device))
+        model = load_any_model(resolve_model(self._spec), device=self._device)
+        if isinstance(model, WhisperModel) and not model.isolated:
+            # The sessions' self-attention K/V in one paged pool: on the CPU only the blocks their text takes
+            # are resident, and the metrics panel shows the pool's use. Sized as the own arenas of the sessions
+            # that can decode at once (APP_SESSIONS), so it is never full where they would have had room.
+            model.use_kv_pool(sessions=APP_SESSIONS)
+        self.loaded.emit(model)
 
 
 class ComputeDevicesWorker(_Worker):

@@ -814,10 +814,11 @@ def _add_serve(subparsers: Any) -> None:
     p.add_argument("--batch", action="store_true",
                    help="decode the steps concurrent streams take at the same time in one graph (the same text; "
                         "no faster on a 2-core CPU, see the README)")
-    p.add_argument("--kv-pool-mb", type=float, default=0.0, metavar="MB",
-                   help="share one pool of MB MiB per model among the streams' decoder KV (paged: memory follows "
-                        "the text they hold; a stream that finds it full gets 503) (default: 0 = each stream its "
-                        "own worst-case arena)")
+    p.add_argument("--kv-pool-mb", type=float, default=None, metavar="MB",
+                   help="one pool of MB MiB per model shared by the streams' decoder KV (paged: memory follows the "
+                        "text they hold; a stream that finds it full gets 503); 0: each stream its own worst-case "
+                        "arena (default: as much as --max-streams arenas, so it is never full; on the CPU only "
+                        "the blocks in use are resident)")
     p.add_argument("-m", "--model", help="the default model (what 'whisper-1' means): name, .gguf, whisper.cpp .bin "
                    "or model directory (default: the bundled model)")
     p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
@@ -830,7 +831,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
         return _usage_error(args.parser, "serve needs FastAPI and uvicorn: pip install 'aural[serve]'")
     if (args.max_streams < 1 or args.max_queue < 0 or args.max_upload_mb < 1 or args.max_audio_s <= 0
-            or args.kv_pool_mb < 0):
+            or (args.kv_pool_mb or 0) < 0):
         return _usage_error(args.parser, "need --max-streams >= 1, --max-queue >= 0, --max-upload-mb >= 1, "
                                          "--max-audio-s > 0 and --kv-pool-mb >= 0")
     import uvicorn

@@ -183,17 +183,24 @@ class WhisperModel:
     def weights_bytes(self) -> int:
         return int(self._model.weights_bytes)
 
-    def use_kv_pool(self, mib: float) -> None:
+    def use_kv_pool(self, mib: float | None = None, *, sessions: int = 1, n_seq: int = MAX_SEQUENCES) -> None:
         """Sessions opened in process from then on keep their self-attention K/V in one pool of about `mib`
         MiB on the model's device, in blocks of `KVPool.block_cells` tokens taken as their text grows and
         given back when it ends (paged KV, native/kv-pool.h), instead of each reserving its worst case
         (448 cells, more with beams). A session that finds the pool full fails its step with
-        ContextFullError. Not for models in a device process, whose sessions keep their own arenas."""
+        ContextFullError. mib None: the blocks `sessions` sessions of `n_seq` sequences could hold at most
+        (their own arenas' cells), so the pool is never full where their arenas would have had room; on the
+        CPU only the blocks taken so far are resident. Not for models in a device process, whose sessions
+        keep their own arenas."""
         if self.isolated:
             raise ValueError("a KV pool serves sessions in this process; this model runs in a device process")
         native = _native()
         block_bytes = 2 * self.hparams["n_text_layer"] * native.KVPool.block_cells * self.hparams["n_text_state"] * 2
-        n_blocks = int(mib * 2**20 // block_bytes)
+        if mib is None:
+            n_blocks = sessions * native.KVPool.session_blocks(self._model, n_seq)
+            mib = n_blocks * block_bytes / 2**20
+        else:
+            n_blocks = int(mib * 2**20 // block_bytes)
         if n_blocks < 1:
             raise ValueError(f"a KV pool of {mib} MiB holds no block of {block_bytes / 2**20:.2f} MiB")
         try:

@@ -9,8 +9,6 @@
 
 namespace aural {
 
-namespace {
-
 // The arena spans the decoder's 448 positions; each further sequence (beam) adds the 224 positions
 // a window may sample (n_text_ctx / 2, ref: openai-whisper decoding.py sample_len) since beams share
 // the prompt's cells. Padded to a multiple of 256 so GPU flash-attention kernels get whole 256-row KV
@@ -18,8 +16,6 @@ namespace {
 uint32_t arena_cells(const hparams & hp, uint32_t n_seq) {
     return GGML_PAD(hp.n_text_ctx + (n_seq - 1) * (hp.n_text_ctx / 2), 256);
 }
-
-}  // namespace
 
 const char * kv_mode_name(kv_mode mode) { return mode == kv_mode::device ? "device" : "host"; }
 

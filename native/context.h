@@ -145,6 +145,9 @@ class context {
     void kv_download(const decode_batch & batch, step_timings & t);
 };
 
+// Cells of the KV arena of a session decoding n_seq sequences side by side: its worst case.
+uint32_t arena_cells(const hparams & hp, uint32_t n_seq);
+
 const char * kv_mode_name(kv_mode mode);
 kv_mode parse_kv_mode(const std::string & name);  // throws std::invalid_argument naming the accepted values
 

@@ -30,8 +30,6 @@ kv_pool::kv_pool(ggml_backend_dev_t dev, const hparams & hp, uint32_t n_blocks, 
         throw std::runtime_error("cannot allocate a KV pool of " + std::to_string(n_blocks) + " blocks on " +
                                  ggml_backend_dev_name(dev));
     }
-    // Zeroed once: a row a sequence has not written is never visible (masked), but stays a finite number.
-    ggml_backend_buffer_clear(buffer_, 0);
     free_.resize(n_blocks);
     for (uint32_t b = 0; b < n_blocks; ++b) free_[b] = static_cast<int32_t>(n_blocks - 1 - b);
     AURAL_LOG_INFO("KV pool on %s: %u blocks of %u cells, %.2f MiB", ggml_backend_dev_name(dev), n_blocks, block_cells,
@@ -52,7 +50,21 @@ int32_t kv_pool::acquire() {
     const int32_t b = free_.back();
     free_.pop_back();
     peak_ = std::max(peak_, n_blocks_ - static_cast<uint32_t>(free_.size()));
+    if (static_cast<uint32_t>(b) >= cleared_) clear_up_to(static_cast<uint32_t>(b) + 1);
     return b;
+}
+
+// A row a sequence has not written is never visible (masked), but must be a finite number: a device's
+// attention may still multiply it by a zero weight. So each block is zeroed once, when it is first handed
+// out, not the whole pool when it is made: blocks go lowest first, so the pages a CPU pool touches (its
+// resident memory) follow the most blocks ever held, not the size reserved.
+void kv_pool::clear_up_to(uint32_t end) {
+    for (const auto & tensors : {k_, v_}) {
+        for (ggml_tensor * t : tensors) {
+            ggml_backend_tensor_memset(t, 0, cleared_ * block_cells * t->nb[1], (end - cleared_) * block_cells * t->nb[1]);
+        }
+    }
+    cleared_ = end;
 }
 
 void kv_pool::release(int32_t block) {

@@ -9,7 +9,8 @@
 // A session's arena keeps its cells and their bookkeeping as before; only where a cell's K/V row lives
 // changes: cell c is row table[c / block_cells] * block_cells + c % block_cells of the pool's per-layer
 // tensors. So memory follows the tokens the sessions hold, not n_sessions x their worst case, and the pool
-// is reserved at its full size when it is made (no allocation while decoding). The cross-attention K/V
+// is reserved at its full size when it is made (no allocation while decoding); on the CPU only the blocks
+// handed out so far are resident (each is zeroed when first taken). The cross-attention K/V
 // stays in each session's arena: it is written once per window and read whole.
 // Thread-safety: acquire, release and the counters may be called from any thread (one mutex). Graphs of
 // different sessions write and read disjoint rows of the same tensors, which needs no lock.
@@ -61,6 +62,9 @@ class kv_pool {
     mutable std::mutex mu_;
     std::vector<int32_t> free_;  // free block indices, the lowest last (handed out first)
     uint32_t peak_ = 0;
+    uint32_t cleared_ = 0;  // blocks [0, cleared_) have been zeroed (clear_up_to)
+
+    void clear_up_to(uint32_t end);  // zero blocks [cleared_, end); the caller holds mu_
 };
 
 }  // namespace aural

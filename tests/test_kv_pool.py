@@ -99,6 +99,38 @@ def test_a_full_pool_is_an_error_that_loses_nothing(native_model, jfk_mel):
     assert b.decode(np.array([SOT, NO_TIMESTAMPS], dtype=np.int32), 0).shape == (1, 51864)
 
 
+def resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def test_a_pool_on_the_cpu_is_resident_only_where_blocks_were_taken(native_model, jfk_mel):
+    """Reserving a pool touches none of its blocks: each is zeroed when first handed out (a row nobody wrote
+    stays a finite number), so a pool sized for every session's worst case costs the memory of the blocks
+    taken. A pool zeroed whole when made would be resident at once (192 MiB here)."""
+    before = resident_mib()
+    pool = _native.KVPool(native_model, n_blocks=1024)
+    assert resident_mib() - before < pool.bytes / 2**20 / 8
+    ctx = _native.Context(native_model, kv_pool=pool)
+    ctx.encode(jfk_mel)
+    logits = ctx.decode(np.full(3 * CELLS, 440, dtype=np.int32), 0)
+    assert pool.used_blocks == 3 and np.all(np.isfinite(logits))
+
+
+def test_a_sessions_blocks_are_its_own_arenas_cells(native_model, jfk_mel):
+    """session_blocks: the blocks of the arena a session of n_seq sequences would reserve (448 positions, 224
+    more per further sequence, in 256-cell steps): a pool of one greedy session's fills its 448 positions."""
+    assert _native.KVPool.session_blocks(native_model, 1) == 512 // CELLS
+    assert _native.KVPool.session_blocks(native_model, 5) == 1536 // CELLS
+    with pytest.raises(ValueError, match="n_seq"):
+        _native.KVPool.session_blocks(native_model, 9)
+    pool = _native.KVPool(native_model, n_blocks=_native.KVPool.session_blocks(native_model, 1))
+    ctx = _native.Context(native_model, kv_pool=pool)
+    ctx.encode(jfk_mel)
+    ctx.decode(np.full(448, 440, dtype=np.int32), 0)
+    assert pool.used_blocks == 448 // CELLS
+
+
 def test_the_gathered_path_matches_the_cpu_op(tiny_gguf, jfk_mel, monkeypatch):
     """Where the graph cannot use Aural's self-attention op (other backends, prompts), the pool's rows are
     gathered for ggml's attention: AURAL_NO_SIMD_SELF takes that path on the CPU."""

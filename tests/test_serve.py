@@ -28,6 +28,7 @@ uvicorn = pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 from websockets.sync.client import connect  # noqa: E402
 
+from aural import _native  # noqa: E402
 from aural.engine.audio import load_audio  # noqa: E402
 from aural.engine.serve import ServeConfig, create_app  # noqa: E402
 from aural.engine.serve.live import stream_options  # noqa: E402
@@ -299,6 +300,20 @@ def test_concurrent_requests_decode_together_and_agree(tiny_gguf, data_dir):
                 assert 0 < srv.metric("aural_kv_pool_reserved_bytes") <= pool_mib * 2**20
                 assert srv.metric("aural_kv_pool_peak_bytes") > 0 and srv.metric("aural_kv_pool_used_bytes") == 0
     assert answers[True, 0.0] == answers[False, 0.0] == answers[True, 4.0] and len(answers[False, 0.0]) == 3
+
+
+def test_streams_share_a_kv_pool_by_default(tiny_gguf, jfk_wav):
+    """With no --kv-pool-mb the streams' self-attention K/V live in a pool as large as the arenas of
+    max_streams + 1 sessions of 8 beams would be: never full where they would have had room."""
+    with Server(ServeConfig(max_streams=2)) as srv:
+        assert srv.post("/v1/audio/transcriptions", jfk_wav).status_code == 200
+        (pool,) = (model.kv_pool for model in srv.app.state.aural.registry.loaded())
+        assert pool.n_blocks == 3 * _native.KVPool.session_blocks(_native.Model(str(tiny_gguf), device="cpu"), 8)
+        assert srv.metric("aural_kv_pool_reserved_bytes") == pool.bytes
+        assert srv.metric("aural_kv_pool_peak_bytes") > 0 and srv.metric("aural_kv_pool_used_bytes") == 0
+    with Server(ServeConfig(max_streams=2, kv_pool_mib=0)) as own:
+        assert own.post("/v1/audio/transcriptions", jfk_wav).status_code == 200
+        assert own.metric("aural_kv_pool_reserved_bytes") == 0
 
 
 def test_a_full_kv_pool_is_a_503_and_the_server_serves_again(tiny_gguf, jfk_wav, tmp_path):

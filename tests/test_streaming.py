@@ -455,6 +455,22 @@ def test_one_context_serves_the_stream_and_metrics_report_it(dev_runs, model):
         assert max(m.window_s for m in steps) < 30
 
 
+def test_a_stream_on_a_pooled_model_reports_its_blocks_and_the_pools_use(tiny_gguf, jfk_wav):
+    """With the model's sessions on a shared KV pool, a stream's metrics give the blocks it holds and the
+    pool's use and size, and its text is the one its own arena gives (the same numbers: test_kv_pool.py)."""
+    own = run_stream(WhisperModel(tiny_gguf, n_threads=1), ReplaySource(jfk_wav, speed=0))
+    pooled_model = WhisperModel(tiny_gguf, n_threads=1)
+    pooled_model.use_kv_pool(sessions=2)
+    pooled = run_stream(pooled_model, ReplaySource(jfk_wav, speed=0))
+    assert [e.text for e in pooled if isinstance(e, Commit)] == [e.text for e in own if isinstance(e, Commit)]
+    pool, block_mib = pooled_model.kv_pool, pooled_model.kv_pool.block_bytes / 2**20
+    decoded = [m for m in pooled if isinstance(m, Metrics) and m.n_tokens]
+    assert decoded and all(m.kv_paged and m.kv_capacity_mib == pool.bytes / 2**20 for m in decoded)
+    for m in decoded:  # whole blocks, enough for the cells in use; the stream is the pool's only user
+        assert m.kv_mib == m.kv_held_mib == m.kv_pool_used_mib and m.kv_mib / block_mib == -(-m.kv_tokens // 32)
+    assert not any(m.kv_paged for m in own if isinstance(m, Metrics))
+
+
 def test_commit_lag_does_not_grow_through_silence(model, jfk_wav, tmp_path):
     audio, rate = sf.read(jfk_wav, dtype="float32")
     path = tmp_path / "jfk-then-silence.wav"

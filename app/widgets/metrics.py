@@ -1,5 +1,6 @@
-"""The live metrics panel: speed, per-token decoder costs with a small plot, KV arena, latency, backend,
-and the engine A/B switch whose effect it shows (the decoder's KV cache on the device or on the host)."""
+"""The live metrics panel: speed, per-token decoder costs with a small plot, KV cache (own arena or shared
+pool), latency, backend, and the engine A/B switch whose effect it shows (the decoder's KV cache on the
+device or on the host)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ _ROWS = {
     "encoder": ("Encoder per step", lambda m: f"{m.encoder_ms:.0f} ms"),
     "decode": ("Decode per token", lambda m: f"{m.decode_ms_per_token:.2f} ms"),
     "split": ("  compute · KV/IO", lambda m: f"{m.compute_ms_per_token:.2f} · {m.kv_io_ms_per_token:.2f} ms"),
-    "kv": ("KV arena fill", lambda m: f"{m.kv_tokens} / {m.kv_capacity_tokens} tokens · "
-                                      f"{m.kv_mib:.2f} of {m.kv_capacity_mib:.1f} MiB"),
+    "kv": ("KV cache fill", lambda m: _kv(m)),
     "graphs": ("Decoder graphs", lambda m: f"{m.graph_reuses} reused · {m.graph_builds} built"),
     "latency": ("First partial · commit lag",
                 lambda m: f"{_seconds(m.first_partial_s)} · {_seconds(m.commit_lag_s)}"),
@@ -33,6 +33,15 @@ _ROWS = {
     "rewrites": ("Tentative words rewritten", lambda m: str(m.rewrites)),
     "backend": ("Backend / device", lambda m: f"{m.backend} / {m.device} · KV on {m.kv_mode}"),
 }
+
+
+def _kv(m) -> str:
+    """Cells in use, and the memory behind them: the session's own arena, or its blocks of the shared pool
+    and how much of the pool every session holds."""
+    cells = f"{m.kv_tokens} / {m.kv_capacity_tokens} tokens"
+    if m.kv_paged:
+        return f"{cells} · {m.kv_mib:.2f} MiB in blocks · pool {m.kv_pool_used_mib:.2f} of {m.kv_capacity_mib:.0f} MiB"
+    return f"{cells} · {m.kv_mib:.2f} of {m.kv_capacity_mib:.1f} MiB"
 
 
 def _dropped(m) -> str:

@@ -143,8 +143,11 @@ class Metrics:
         kv_io_ms_per_token: host<->device KV traffic per call (0 with the KV arena on the device).
         kv_tokens: KV arena cells in use after this step.
         kv_capacity_tokens: tokens one sequence can hold (the model's text context, 448 for Whisper).
-        kv_mib: MiB of the KV arena those cells occupy.
-        kv_capacity_mib: MiB of the whole arena, reserved at load.
+        kv_mib: MiB of KV those cells occupy; with `kv_paged`, of the pool blocks the session holds.
+        kv_capacity_mib: MiB of the session's whole arena, reserved at load; with `kv_paged`, of the pool
+            the model's sessions share (`WhisperModel.use_kv_pool`).
+        kv_paged: whether the session's self-attention K/V live in the shared pool's blocks.
+        kv_pool_used_mib: with `kv_paged`, MiB of the pool's blocks all its sessions hold; 0 otherwise.
         graph_builds: decoder graphs built over the stream.
         graph_reuses: decoder graphs reused over the stream.
         first_partial_s: wall seconds from reading the first speech to the first non-empty Partial.
@@ -188,6 +191,13 @@ class Metrics:
     fallback_ops: tuple[str, ...] = ()
     peak_rss_mb: float = 0.0
     dropped_by_input: tuple[int, ...] = ()
+    kv_paged: bool = False
+    kv_pool_used_mib: float = 0.0
+
+    @property
+    def kv_held_mib(self) -> float:
+        """MiB of KV memory the session keeps from others: its pool blocks, or its whole own arena."""
+        return self.kv_mib if self.kv_paged else self.kv_capacity_mib
 
 
 @dataclass(frozen=True)
@@ -1021,6 +1031,9 @@ class _Stream:
         kv_used = int(stats.get("kv_used_tokens", 0))
         arena_mib = stats.get("kv_bytes", 0) / 2**20
         kv_mib = kv_used * arena_mib / max(1, stats.get("kv_cells", 1))
+        pool, pool_used_mib = self.model.kv_pool if stats.get("kv_paged") else None, 0.0
+        if pool is not None:  # kv_bytes is the session's blocks; the arena's size is the pool's
+            kv_mib, arena_mib, pool_used_mib = arena_mib, pool.bytes / 2**20, pool.used_blocks * pool.block_bytes / 2**20
         busy, audio = (sum(c[i] for c in self.costs) for i in (0, 1))
         audio_s = self.total / SAMPLE_RATE
         return Metrics(
@@ -1036,7 +1049,8 @@ class _Stream:
             commit_lag_s=self.commit_lag_s,
             dropped_blocks=self.dropped_blocks, rewrites=self.display.rewrites, backend=self.model.backend, device=self.model.device,
             kv_mode=self.kv_mode, fallback_ops=tuple(self.ctx.backend_report.get("fallback_ops", ())),
-            peak_rss_mb=peak_rss_mb(), dropped_by_input=self.dropped_by_input,
+            peak_rss_mb=peak_rss_mb(), dropped_by_input=self.dropped_by_input, kv_paged=pool is not None,
+            kv_pool_used_mib=pool_used_mib,
         )
 
 

@@ -82,9 +82,13 @@ class ServeConfig:
             shared products are a small part of a request there; a GPU, where one graph per step is what
             costs, is where it is meant to pay, but models in a device process (`isolation`, every GPU by
             default) decode each stream alone so far.
-        kv_pool_mib: when above 0, the streams' decoder self-attention K/V share one pool of this many MiB
-            per model (`WhisperModel.use_kv_pool`): memory follows the text the streams hold instead of each
-            stream's worst case; a stream that finds it full fails with 503. 0: each stream its own arena.
+        kv_pool_mib: the streams' decoder self-attention K/V share one pool of this many MiB per model
+            (`WhisperModel.use_kv_pool`): memory follows the text the streams hold instead of each stream's
+            worst case; a stream that finds it full fails with 503. None (the default): the pool holds what the
+            own arenas of `max_streams` + 1 sessions of 8 sequences would (a live stream may ask for 8 beams;
+            +1: a stream that reopens its session for whole windows holds two for a moment), so it is never
+            full where they would have had room, and on the CPU only the blocks taken are resident. 0: each
+            stream its own arena.
     """
 
     model: str | None = None
@@ -97,7 +101,7 @@ class ServeConfig:
     max_audio_s: float = 4 * 3600.0
     beam_size: int = 5
     batch: bool = False
-    kv_pool_mib: float = 0.0
+    kv_pool_mib: float | None = None
 
 
 class ApiError(Exception):
@@ -153,8 +157,8 @@ def _loader(config: ServeConfig) -> Callable[[str | None], WhisperModel]:
             return model
         if config.batch and not model.isolated:
             model.batcher = DecodeBatcher(model)
-        if config.kv_pool_mib > 0 and not model.isolated:
-            model.use_kv_pool(config.kv_pool_mib)
+        if config.kv_pool_mib != 0 and not model.isolated:
+            model.use_kv_pool(config.kv_pool_mib, sessions=config.max_streams + 1)
         return model
 
     return load

@@ -122,7 +122,7 @@ async def _stream(ws: WebSocket, registry: ModelRegistry, options: StreamOptions
     try:
         while (event := await events.get()) is not _END:
             if isinstance(event, Metrics):
-                metrics.live_kv[key] = (event.kv_tokens, round(event.kv_capacity_mib * 2**20))
+                metrics.live_kv[key] = (event.kv_tokens, round(event.kv_held_mib * 2**20))
                 metrics.audio_seconds.labels("live").inc(max(0.0, event.audio_s - counted_s))
                 counted_s = max(counted_s, event.audio_s)
             if not await _send(ws, event_dict(event)):

@@ -40,11 +40,12 @@ class ServerMetrics:
         Gauge("aural_queue_length", "Requests waiting for a stream slot", registry=r).set_function(
             lambda: admission.counts.waiting)
         Gauge("aural_streams_max", "Stream slots (--max-streams)", registry=r).set(admission.max_streams)
-        # Per live stream: (KV cells in use, arena bytes reserved), from its latest Metrics event.
+        # Per live stream: (KV cells in use, KV bytes held: its own arena, or its blocks of the shared pool),
+        # from its latest Metrics event.
         self.live_kv: dict[int, tuple[int, int]] = {}
         Gauge("aural_live_kv_used_tokens", "KV arena cells in use by the live streams", registry=r).set_function(
             lambda: sum(used for used, _ in self.live_kv.values()))
-        Gauge("aural_live_kv_reserved_bytes", "KV arena bytes the live streams hold", registry=r).set_function(
+        Gauge("aural_live_kv_reserved_bytes", "KV bytes the live streams hold (own arenas or pool blocks)", registry=r).set_function(
             lambda: sum(size for _, size in self.live_kv.values()))
 
         # Continuous batching (batching.DecodeBatcher): shared decoder steps, and the streams' steps they held.

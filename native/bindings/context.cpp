@@ -191,6 +191,7 @@ py::dict stats_dict(const context & self) {
     d["kv_used_tokens"] = self.kv().used();
     d["kv_bytes"] = self.kv().self_bytes();
     d["kv_pool_blocks"] = self.kv().blocks_held();
+    d["kv_paged"] = self.kv().paged();
     d["cross_kv_bytes"] = self.kv().cross_bytes();
     d["compute_buffer_bytes"] = self.compute_buffer_bytes();
     d["ubatch"] = self.ubatch();
@@ -219,6 +220,13 @@ void register_context(py::module_ & m) {
         .def(py::init(&make_pool), py::arg("model"), py::kw_only(), py::arg("n_blocks"),
              "Reserves n_blocks blocks of block_cells cells (K and V of every decoder layer) at once.")
         .def_property_readonly_static("block_cells", [](py::object) { return kv_pool::block_cells; })
+        .def_static("session_blocks", [](const model & mdl, uint32_t n_seq) {
+                if (n_seq < 1 || n_seq > context::max_seq) {
+                    throw std::invalid_argument("n_seq must be between 1 and " + std::to_string(context::max_seq));
+                }
+                return (arena_cells(mdl.hp, n_seq) + kv_pool::block_cells - 1) / kv_pool::block_cells;
+            }, py::arg("model"), py::arg("n_seq"),
+            "The most blocks a session of this model decoding n_seq sequences can hold: its own arena's cells.")
         .def_property_readonly("n_blocks", &kv_pool::n_blocks)
         .def_property_readonly("used_blocks", &kv_pool::used_blocks)
         .def_property_readonly("peak_blocks", &kv_pool::peak_blocks)
