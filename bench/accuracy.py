@@ -74,16 +74,42 @@ def telephone(samples: np.ndarray) -> np.ndarray:
         return np.fromfile(out, dtype=np.float32)
 
 
-def with_noise(samples: np.ndarray, snr_db: float) -> np.ndarray:
+def with_noise(samples: np.ndarray, snr_db: float, colour: str = "pink") -> np.ndarray:
+    """samples + sox's `colour`noise (white, pink or brown) at snr_db over the whole file."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "noise.f32"
         _sox(["-R", "-n", "-t", "f32", "-r", str(SAMPLE_RATE), "-c", "1", str(out), "synth",
-              f"{samples.size / SAMPLE_RATE:.4f}", "pinknoise"])
+              f"{samples.size / SAMPLE_RATE:.4f}", f"{colour}noise"])
         noise = np.fromfile(out, dtype=np.float32)[: samples.size]
     noise = np.pad(noise, (0, samples.size - noise.size))
     gain = np.sqrt(np.mean(samples.astype(np.float64) ** 2) / np.mean(noise.astype(np.float64) ** 2)
                    / 10 ** (snr_db / 10))
     return np.clip(samples + gain * noise, -1.0, 1.0).astype(np.float32)
+
+
+# More noisy sets, for choices that the one noisy set (pink, 10 dB) decides by a few files: each colour and
+# SNR is another noise over the same 21 files (sox -R: fixed per colour, so a file's two SNRs share theirs).
+WIDE_NOISE = tuple((colour, snr) for colour in ("white", "pink", "brown") for snr in (5.0, 15.0))
+
+
+def derived_set(name: str, files: list[dict[str, Any]], make) -> list[dict[str, Any]]:
+    """files through make(samples), cached as .npy under CACHE/accuracy/<name>, keyed '<name>:<key>'."""
+    out = CACHE / "accuracy" / name.replace(" ", "-")
+    out.mkdir(parents=True, exist_ok=True)
+    derived = []
+    for f in files:
+        path = out / f"{f['key']}.npy"
+        if not path.exists():
+            np.save(path, make(np.load(f["path"])))
+        derived.append({**f, "key": f"{name}:{f['key']}", "path": str(path)})
+    return derived
+
+
+def wide_noise_sets(sets: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """'<colour> <snr> dB' -> dev + long with that noise (WIDE_NOISE), from build_sets()' sets."""
+    return {f"{colour} {snr:g} dB": derived_set(f"{colour} {snr:g} dB", sets["dev"] + sets["long"],
+                                                lambda x, c=colour, r=snr: with_noise(x, r, c))
+            for colour, snr in WIDE_NOISE}
 
 
 def build_sets() -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
@@ -97,15 +123,7 @@ def build_sets() -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
                        for k in ("series-1min", "series-5min")]
     sets = {"dev": dev, "long": long}
     for name, make in (("phone", telephone), ("noisy", lambda x: with_noise(x, SNR_DB))):
-        out = CACHE / "accuracy" / name
-        out.mkdir(parents=True, exist_ok=True)
-        derived = []
-        for f in dev + long:
-            path = out / f"{f['key']}.npy"
-            if not path.exists():
-                np.save(path, make(np.load(f["path"])))
-            derived.append({**f, "key": f"{name}:{f['key']}", "path": str(path)})
-        sets[name] = derived
+        sets[name] = derived_set(name, dev + long, make)
     return sets, prep
 
 

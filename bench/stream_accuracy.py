@@ -10,6 +10,11 @@ same model and thread count, so the streaming cost (issue #20: stream WER <= off
 from one run on one CPU at one commit, not across runs whose kernels round differently.
 
     .venv/bin/python bench/stream_accuracy.py --configs offline,local-agreement,alignatt-f25
+    .venv/bin/python bench/stream_accuracy.py --configs offline,local-agreement --sets noise --name N
+
+--sets noise streams the noisy set and six more noises over the same files (accuracy.WIDE_NOISE), where the
+one noisy set's gap came from two files. The Markdown counts, per file, where each configuration beats or
+loses to the first.
 
 Writes bench/results/<--name>.json and .md (default stream-accuracy).
 """
@@ -28,7 +33,7 @@ import numpy as np
 import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy import SETS, build_sets  # noqa: E402
+from accuracy import build_sets, wide_noise_sets  # noqa: E402
 from common import RESULTS, fmt, machine_info, md_table, word_errors  # noqa: E402
 
 SAMPLE_RATE = 16000
@@ -94,13 +99,13 @@ def text_of(config: str):
 
 
 def stream_sets(config: str, sets: dict) -> dict:
-    """{set: [errors, reference words]} of one configuration, in its own process."""
+    """{set: [errors, reference words]} of one configuration, in its own process, and "files": {key: errors}."""
     from aural.engine.models.store import resolve_model
     from aural.engine.runtime import WhisperModel
 
     model = WhisperModel(resolve_model(None), n_threads=1)
     text = text_of(config)
-    out = {}
+    out: dict = {"files": {}}
     with tempfile.TemporaryDirectory() as folder:
         for name, files in sets.items():
             errors = words = 0
@@ -109,25 +114,44 @@ def stream_sets(config: str, sets: dict) -> dict:
                 sf.write(wav, np.load(f["path"]), SAMPLE_RATE, subtype="FLOAT")
                 e, n = word_errors(f["reference"], text(model, wav))
                 errors, words = errors + e, words + n
+                out["files"][f["key"]] = e
             out[name] = [errors, words]
     return out
 
 
+def paired(report: dict) -> list[str]:
+    """Per file against the first configuration: how many files each other one decodes with fewer, more or as
+    many errors. A policy that costs words on some kind of speech loses on most of its files; one that only
+    moves rounding chaos loses on some and wins on others."""
+    results = list(report["results"].items())
+    (first, base), rows = results[0], []
+    if "files" not in base:
+        return []
+    for config, per in results[1:]:
+        diffs = [per["files"][k] - e for k, e in base["files"].items()]
+        rows.append((config, sum(d < 0 for d in diffs), sum(d > 0 for d in diffs), sum(d == 0 for d in diffs),
+                     sum(d for d in diffs)))
+    return [f"Per file against {first} ({len(base['files'])} files):", "",
+            md_table(("config", "fewer errors", "more errors", "as many", "errors net"), rows), ""]
+
+
 def markdown(report: dict) -> str:
-    header = ("config", *(f"{s} ({report['words'][s]} words)" for s in SETS), f"all ({sum(report['words'].values())} words)")
+    names = list(report["words"])
+    header = ("config", *(f"{s} ({report['words'][s]} words)" for s in names), f"all ({sum(report['words'].values())} words)")
     rows = []
     for config, per_set in report["results"].items():
-        cells = [f"{fmt(100 * e / n, 2)} ({e})" for e, n in (per_set[s] for s in SETS)]
-        e_all = sum(per_set[s][0] for s in SETS)
+        cells = [f"{fmt(100 * e / n, 2)} ({e})" for e, n in (per_set[s] for s in names)]
+        e_all = sum(per_set[s][0] for s in names)
         rows.append((config, *cells, f"{fmt(100 * e_all / sum(report['words'].values()), 2)} ({e_all})"))
     return "\n".join([
         "# Streaming WER on the widened sets, per commit policy", "",
         f"{report['started']} · CPU: {report['machine']['cpu']}, 1 thread per configuration · commit "
         f"{report['commit']} · command: `{report['command']}`", "",
-        "Sets as in accuracy.md (dev, long, phone 8 kHz, noisy 10 dB). Each file streamed at speed 0 through "
+        "Sets as in accuracy.md (dev, long, phone 8 kHz, noisy: pink noise at 10 dB; '<colour> <snr> dB': the "
+        "same 21 files under sox's white, pink or brown noise). Each file streamed at speed 0 through "
         "live_events with the default StreamOptions but what the config names (offline: transcribed whole with "
         "the default TranscribeOptions, greedy or beam b); cells: corpus WER % of the commits (word errors).", "",
-        md_table(header, rows), ""])
+        md_table(header, rows), "", *paired(report)])
 
 
 def main(argv: list[str]) -> int:
@@ -136,11 +160,15 @@ def main(argv: list[str]) -> int:
                    help="comma-separated: local-agreement or alignatt-f<frames>, each with optional /s<s> /c<s> "
                         "/pause0|1 /d<words> /g<s> /a<s> /b<beams>; offline or offline/b<beams>")
     p.add_argument("--name", default="stream-accuracy", help="results file stem")
+    p.add_argument("--sets", choices=("widened", "noise"), default="widened",
+                   help="widened: dev, long, phone, noisy; noise: noisy and six more noises over the same files")
     args = p.parse_args(argv)
     import datetime as dt
     import subprocess
 
     sets, _ = build_sets()
+    if args.sets == "noise":
+        sets = {"noisy": sets["noisy"], **wide_noise_sets(sets)}
     configs = args.configs.split(",")
     for config in configs:
         text_of(config)  # a bad name fails here, before any work
@@ -149,7 +177,7 @@ def main(argv: list[str]) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {"started": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine_info(), "commit": commit,
               "command": "bench/stream_accuracy.py " + " ".join(argv),
-              "words": {s: results[configs[0]][s][1] for s in SETS}, "results": results}
+              "words": {s: results[configs[0]][s][1] for s in sets}, "results": results}
     (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2))
     (RESULTS / f"{args.name}.md").write_text(markdown(report))
     print(markdown(report))
