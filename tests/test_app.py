@@ -1246,7 +1246,7 @@ def test_metrics_panel_shows_each_number_and_warns_about_cpu_fallback(qtbot):
     panel.set_metrics(_metrics(dropped_blocks=3, dropped_by_input=(0, 3)))  # a mix's system audio lost blocks
     assert panel.value_text("dropped") == "3 (0 + 3 by input)"
     panel.set_metrics(_metrics(kv_paged=True, kv_mib=0.38, kv_capacity_mib=216.0, kv_pool_used_mib=1.5))
-    assert panel.value_text("kv") == "40 / 448 tokens · 0.38 MiB in blocks · pool 1.50 of 216 MiB"
+    assert panel.value_text("kv") == "40 / 448 tokens · 0.38 MiB · pool 1.5 / 216 MiB"
     panel.reset()
     assert panel.value_text("rtf") == "—" and panel.fallback_text() == ""
 

@@ -40,7 +40,7 @@ def _kv(m) -> str:
     and how much of the pool every session holds."""
     cells = f"{m.kv_tokens} / {m.kv_capacity_tokens} tokens"
     if m.kv_paged:
-        return f"{cells} · {m.kv_mib:.2f} MiB in blocks · pool {m.kv_pool_used_mib:.2f} of {m.kv_capacity_mib:.0f} MiB"
+        return f"{cells} · {m.kv_mib:.2f} MiB · pool {m.kv_pool_used_mib:.1f} / {m.kv_capacity_mib:.0f} MiB"
     return f"{cells} · {m.kv_mib:.2f} of {m.kv_capacity_mib:.1f} MiB"
 
 
