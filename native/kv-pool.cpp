@@ -59,8 +59,8 @@ int32_t kv_pool::acquire() {
 // out, not the whole pool when it is made: blocks go lowest first, so the pages a CPU pool touches (its
 // resident memory) follow the most blocks ever held, not the size reserved.
 void kv_pool::clear_up_to(uint32_t end) {
-    for (const auto & tensors : {k_, v_}) {
-        for (ggml_tensor * t : tensors) {
+    for (const std::vector<ggml_tensor *> * tensors : {&k_, &v_}) {
+        for (ggml_tensor * t : *tensors) {
             ggml_backend_tensor_memset(t, 0, cleared_ * block_cells * t->nb[1], (end - cleared_) * block_cells * t->nb[1]);
         }
     }
