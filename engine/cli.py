@@ -817,8 +817,8 @@ def _add_serve(subparsers: Any) -> None:
     p.add_argument("--kv-pool-mb", type=float, default=None, metavar="MB",
                    help="one pool of MB MiB per model shared by the streams' decoder KV (paged: memory follows the "
                         "text they hold; a stream that finds it full gets 503); 0: each stream its own worst-case "
-                        "arena (default: as much as --max-streams arenas, so it is never full; on the CPU only "
-                        "the blocks in use are resident)")
+                        "arena (default: as much as the arenas of --max-streams + 1 sessions of 8 beams, so it is "
+                        "never full; on the CPU only the blocks in use are resident)")
     p.add_argument("-m", "--model", help="the default model (what 'whisper-1' means): name, .gguf, whisper.cpp .bin "
                    "or model directory (default: the bundled model)")
     p.add_argument("--backend", metavar="NAME", help="device to run on, see `aural doctor` (default: auto)")
