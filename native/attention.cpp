@@ -251,6 +251,13 @@ void attention_op(ggml_tensor * dst, const ggml_tensor * q, const ggml_tensor * 
 // The ISA-specific pieces, as plain inline functions with their target: the kernel template calls them
 // without a target of its own and is compiled into each entry point below, whose `flatten` inlines them there
 // (an always_inline call across a target mismatch would not compile).
+// [sum(a), sum(b), sum(c), sum(d)] of four 8-float vectors: two rounds of horizontal adds leave each 128-bit
+// half holding the four half-sums, then the halves are added. Both ISAs' sum4 end here.
+__attribute__((target("avx"))) inline __m128 sum4_of_8(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
 struct f16_avx512 {
     static constexpr int W = 16, n_regs = 32;  // floats per vector, vector registers
     using V = __m512;
@@ -263,17 +270,12 @@ struct f16_avx512 {
     __attribute__((target("avx512f"))) static inline V broadcast(float x) { return _mm512_set1_ps(x); }
     __attribute__((target("avx512f"))) static inline void store(float * p, V v) { _mm512_storeu_ps(p, v); }
     __attribute__((target("avx512f,f16c"))) static inline float scalar(ggml_fp16_t h) { return _cvtsh_ss(h); }
-    // [sum(a), sum(b), sum(c), sum(d)]: each folded to 8 lanes, then f16_avx2::sum4's horizontal adds.
+    // [sum(a), sum(b), sum(c), sum(d)]: each folded to 8 lanes, then sum4_of_8.
     __attribute__((target("avx512f"))) static inline __m256 fold(V x) {
         return _mm512_castps512_ps256(_mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 0, 3, 2))));
     }
     __attribute__((target("avx512f"))) static inline __m128 sum4(V a, V b, V c, V d) {
-        const __m256 ab = _mm256_hadd_ps(fold(a), fold(b)), cd = _mm256_hadd_ps(fold(c), fold(d));
-        const __m256 abcd = _mm256_hadd_ps(ab, cd);
-        return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-    }
-    __attribute__((target("avx512f"))) static inline void store4(float * p, __m128 x, float scale) {
-        _mm_storeu_ps(p, _mm_mul_ps(x, _mm_set1_ps(scale)));
+        return sum4_of_8(fold(a), fold(b), fold(c), fold(d));
     }
 };
 
@@ -293,15 +295,7 @@ struct f16_avx2 {
     __attribute__((target("avx2,fma,f16c"))) static inline V broadcast(float x) { return _mm256_set1_ps(x); }
     __attribute__((target("avx2,fma,f16c"))) static inline void store(float * p, V v) { _mm256_storeu_ps(p, v); }
     __attribute__((target("avx2,fma,f16c"))) static inline float scalar(ggml_fp16_t h) { return _cvtsh_ss(h); }
-    // [sum(a), sum(b), sum(c), sum(d)]: two rounds of horizontal adds leave each 128-bit half holding the four
-    // half-sums, then the halves are added.
-    __attribute__((target("avx2,fma,f16c"))) static inline __m128 sum4(V a, V b, V c, V d) {
-        const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-        return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-    }
-    __attribute__((target("avx2,fma,f16c"))) static inline void store4(float * p, __m128 x, float scale) {
-        _mm_storeu_ps(p, _mm_mul_ps(x, _mm_set1_ps(scale)));
-    }
+    __attribute__((target("avx2,fma,f16c"))) static inline __m128 sum4(V a, V b, V c, V d) { return sum4_of_8(a, b, c, d); }
 };
 
 constexpr int64_t cross_head_dim = 64;  // every Whisper size (n_state / n_head); checked when the op is made
@@ -350,7 +344,7 @@ inline void cross_scores(const cross_shapes & s, const float * q, const char * k
                     }
                 }
             }
-            O::store4(w + r * ld + j, O::sum4(acc[0], acc[1], acc[2], acc[3]), scale);
+            _mm_storeu_ps(w + r * ld + j, _mm_mul_ps(O::sum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
         }
     }
     for (int64_t j = grouped; j < s.n_cross; ++j) {
