@@ -20,7 +20,8 @@ Steadiness: rewrites per minute of audio, the tentative words a viewer saw repla
 
 `--policy` (local-agreement, alignatt), `--frames` (StreamOptions.alignatt_frames), `--audio-ctx`, `--step`,
 `--hold` (StreamOptions.hold_steps), `--commit-after` (min_silence_commit_s), `--pause-step` (1/0),
-`--margin` (commit_margin_s), `--agree-gap` (agree_gap_s) and `--beam` (beam_size) take
+`--margin` (commit_margin_s), `--agree-gap` (agree_gap_s), `--beam` (beam_size) and `--prompt-ts`
+(prompt_timestamps) take
 comma-separated values; every combination is a configuration, and
 the configurations are interleaved clip by clip (each clip runs them all, starting with a different one
 each time), so that a shared machine's changing load falls on all of them alike. The 1-minute load
@@ -495,25 +496,26 @@ def _percent(errors: int, words: int) -> float | None:
 
 
 def configs_of(policies: str, frames: str, audio_ctx: str, steps: str, holds: str, commit_after: str,
-               pause_steps: str, margins: str = "0", gaps: str = "0", beams: str = "1") -> list[Config]:
+               pause_steps: str, margins: str = "0", gaps: str = "0", beams: str = "1",
+               prompt_ts: str = "1") -> list[Config]:
     """Every (policy, AlignAtt frames, audio context, step, hold, pause commit, pause step, commit margin,
-    agreement gap, beams) combination, named like "alignatt-f25/auto/0.5/hold1/c0.5/pause1" (frames only
-    vary AlignAtt; a margin adds "/g0.5", a gap "/a1.0", beams "/b5")."""
+    agreement gap, beams, prompt timestamps) combination, named like "alignatt-f25/auto/0.5/hold1/c0.5/pause1"
+    (frames only vary AlignAtt; a margin adds "/g0.5", a gap "/a1.0", beams "/b5", a bare-text prompt "/p0")."""
     configs = []
-    for policy, ctx, step, hold, after, pause, margin, gap, beam in itertools.product(
+    for policy, ctx, step, hold, after, pause, margin, gap, beam, stamped in itertools.product(
             policies.split(","), audio_ctx.split(","), steps.split(","), holds.split(","), commit_after.split(","),
-            pause_steps.split(","), margins.split(","), gaps.split(","), beams.split(",")):
+            pause_steps.split(","), margins.split(","), gaps.split(","), beams.split(","), prompt_ts.split(",")):
         for f in frames.split(",") if policy == "alignatt" else [frames.split(",")[0]]:
             name = f"{policy}-f{int(f)}" if policy == "alignatt" else policy
             suffix = ((f"/g{float(margin)!r}" if float(margin) else "") + (f"/a{float(gap)!r}" if float(gap) else "")
-                      + (f"/b{int(beam)}" if int(beam) > 1 else ""))
+                      + (f"/b{int(beam)}" if int(beam) > 1 else "") + ("" if int(stamped) else "/p0"))
             configs.append(Config(f"{name}/{ctx}/{float(step)!r}/hold{int(hold)}/c{float(after)!r}/pause{int(pause)}"
                                   f"{suffix}",
                                   StreamOptions(policy=policy, alignatt_frames=int(f), audio_ctx=ctx,
                                                 step_s=float(step), hold_steps=int(hold),
                                                 min_silence_commit_s=float(after), pause_step=bool(int(pause)),
                                                 commit_margin_s=float(margin), agree_gap_s=float(gap),
-                                                beam_size=int(beam))))
+                                                beam_size=int(beam), prompt_timestamps=bool(int(stamped)))))
     return configs
 
 
@@ -558,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
                         "comma-separated")
     p.add_argument("--beam", default=str(StreamOptions.beam_size),
                    help="StreamOptions.beam_size (1: greedy), comma-separated")
+    p.add_argument("--prompt-ts", default=str(int(StreamOptions.prompt_timestamps)),
+                   help="StreamOptions.prompt_timestamps (1: the prompt's sentences between timestamps; 0: bare "
+                        "text), comma-separated")
     p.add_argument("--tail-s", type=float, default=3.0, help="silence replayed after each clip")
     p.add_argument("--source", choices=("replay", "system"), default="replay",
                    help="replay: ReplaySource at --speed; system: played into a private PulseAudio null sink and "
@@ -575,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--speed must be positive: latency needs a clock")
     try:
         configs = configs_of(args.policy, args.frames, args.audio_ctx, args.step, args.hold, args.commit_after,
-                             args.pause_step, args.margin, args.agree_gap, args.beam)
+                             args.pause_step, args.margin, args.agree_gap, args.beam, args.prompt_ts)
     except ValueError as exc:
         p.error(str(exc))
     clips = english_dev_clips()

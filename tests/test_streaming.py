@@ -40,6 +40,7 @@ from aural.engine.live.streaming import (
     _doubled_runs,
     _Hypothesis,
     _parse,
+    _prompt_tokens,
     _join,
     _key,
     _repeated_run,
@@ -193,6 +194,34 @@ def test_timestamped_tokens_become_words_with_segment_cuts(model):
     assert [w.text for w in _parse(again, tok, offset_s=0.0, window_s=2.5).words] == ["Ask", "not"] * 2
 
 
+def test_the_prompt_holds_the_committed_sentences_between_timestamps_as_whisper_wrote_them(model):
+    tok = model.tokenizer
+    ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731
+    words = [_Word("Ask", 40.0, 40.4), _Word("not.", 40.4, 41.0), _Word("What", 41.2, 41.6), _Word("you", 41.6, 42.0)]
+    assert _prompt_tokens(words, tok, timestamps=True) == [
+        ts(0.0), *tok.encode(" Ask not."), ts(1.0), ts(1.2), *tok.encode(" What you"), ts(2.0)]
+    assert _prompt_tokens(words, tok, timestamps=False) == tok.encode(" Ask not. What you")
+    assert _prompt_tokens([], tok, timestamps=True) == []
+    # A sentence that would end past 30 s of the first one's start is counted from its own, as in a new window.
+    later = [_Word("Again.", 75.0, 76.0)]
+    assert _prompt_tokens(words[:2] + later, tok, timestamps=True) == [
+        ts(0.0), *tok.encode(" Ask not."), ts(1.0), ts(0.0), *tok.encode(" Again."), ts(1.0)]
+
+
+def test_a_cut_after_a_hypothesis_that_left_out_the_last_commits_keeps_them_in_the_window(model):
+    """The sonnet: "but as the writer should" committed, then a hypothesis that ended with the sentence before
+    it; cut at that sentence's end, the five words were taken out of the window (and so into the prompt)
+    though their audio stayed in it, and they were written and committed again."""
+    stream = _Stream(model, StreamOptions(), "device")
+    stream._commit(ws("might never die."))
+    stream._commit([_Word(t, 9.3 + k / 2, 9.8 + k / 2) for k, t in enumerate("but as the writer should".split())])
+    stalled = _Hypothesis(ws("might never die."), cuts=[(3, 9.2)])
+    assert stream._segment_cut(stalled, n_committed=3) == (3, round(9.2 * 16000))
+    # A hypothesis holding every committed word moves the ones before its cut out, as before.
+    whole = _Hypothesis(ws("might never die. but as the writer should"), cuts=[(3, 9.2)])
+    assert stream._segment_cut(whole, n_committed=8) == (3, round(9.2 * 16000))
+
+
 def test_a_hypothesis_repeating_one_segment_three_times_is_rejected(model):
     tok = model.tokenizer
     ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731
@@ -298,9 +327,10 @@ def test_a_long_streams_old_words_are_forgotten_and_its_prompt_and_pauses_stay_t
         if k % 50 == 0:  # a pause marked at the window's start, read later as the words after it
             stream.pauses = [(k, len(stream.committed) - stream.in_window, [])]
             marked = everything[len(everything) - stream.in_window:]
-        text = _join(everything[:len(everything) - stream.in_window])
-        cut = text[-stream.options.prompt_chars:]
-        assert stream._prompt() == (text if len(text) <= stream.options.prompt_chars else cut.partition(" ")[2])
+        before = everything[:len(everything) - stream.in_window]
+        # The prompt: the longest run of whole words before the window within prompt_chars characters.
+        first = next(k for k in range(len(before) + 1) if len(_join(before[k:])) <= stream.options.prompt_chars)
+        assert stream._prompt() == _prompt_tokens(before[first:], model.tokenizer, timestamps=False)
         assert stream._committed_in_window() == everything[len(everything) - stream.in_window:]
         assert stream.committed[stream.pauses[0][1]:][:len(marked)] == marked
     assert len(stream.committed) < 1000  # of 4000
