@@ -252,7 +252,6 @@ class StreamOptions:
         preroll_s: audio kept before the speech onset, so the first word is not clipped.
         prompt_chars: most characters of scrolled-out committed text fed as the prompt (ref:
             whisper_streaming OnlineASRProcessor.prompt, 200).
-        language: language code for multilingual models; None detects it for each utterance.
         prompt_timestamps: the prompt's sentences between timestamp tokens, as Whisper's prompts from its
             previous windows are (openai-whisper), instead of bare text (whisper_streaming's). Prompted with
             bare text, tiny.en writes no timestamp after the first cut, and once copied the prompt again at
@@ -260,6 +259,7 @@ class StreamOptions:
             WER 12.33 against 11.93 % on the widened sets, 17.77 against 16.95 % under the seven noises
             (stream-accuracy-prompt-ts-zen3.md, stream-accuracy-noise-prompt-ts-zen3.md; Zen 3, 1 thread),
             so it is off.
+        language: language code for multilingual models; None detects it for each utterance.
         language_lock_s: speech in an utterance after which its detected language is kept.
         zh_script: "hans" or "hant" for Chinese text (None: the user's locale, chinese.default_script).
         no_speech_threshold: a hypothesis with a higher no-speech probability and an average
