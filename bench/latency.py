@@ -497,10 +497,11 @@ def _percent(errors: int, words: int) -> float | None:
 
 def configs_of(policies: str, frames: str, audio_ctx: str, steps: str, holds: str, commit_after: str,
                pause_steps: str, margins: str = "0", gaps: str = "0", beams: str = "1",
-               prompt_ts: str = "1") -> list[Config]:
+               prompt_ts: str = str(int(StreamOptions.prompt_timestamps))) -> list[Config]:
     """Every (policy, AlignAtt frames, audio context, step, hold, pause commit, pause step, commit margin,
     agreement gap, beams, prompt timestamps) combination, named like "alignatt-f25/auto/0.5/hold1/c0.5/pause1"
-    (frames only vary AlignAtt; a margin adds "/g0.5", a gap "/a1.0", beams "/b5", a prompt layout other than the default's "/p0" or "/p1")."""
+    (frames only vary AlignAtt; a margin adds "/g0.5", a gap "/a1.0", beams "/b5", a prompt layout other than
+    the default's "/p0" or "/p1")."""
     configs = []
     for policy, ctx, step, hold, after, pause, margin, gap, beam, stamped in itertools.product(
             policies.split(","), audio_ctx.split(","), steps.split(","), holds.split(","), commit_after.split(","),
@@ -508,7 +509,8 @@ def configs_of(policies: str, frames: str, audio_ctx: str, steps: str, holds: st
         for f in frames.split(",") if policy == "alignatt" else [frames.split(",")[0]]:
             name = f"{policy}-f{int(f)}" if policy == "alignatt" else policy
             suffix = ((f"/g{float(margin)!r}" if float(margin) else "") + (f"/a{float(gap)!r}" if float(gap) else "")
-                      + (f"/b{int(beam)}" if int(beam) > 1 else "") + ("" if bool(int(stamped)) == StreamOptions.prompt_timestamps else f"/p{int(stamped)}"))
+                      + (f"/b{int(beam)}" if int(beam) > 1 else "")
+                      + (f"/p{int(stamped)}" if bool(int(stamped)) != StreamOptions.prompt_timestamps else ""))
             configs.append(Config(f"{name}/{ctx}/{float(step)!r}/hold{int(hold)}/c{float(after)!r}/pause{int(pause)}"
                                   f"{suffix}",
                                   StreamOptions(policy=policy, alignatt_frames=int(f), audio_ctx=ctx,

@@ -553,15 +553,17 @@ def _prompt_tokens(words: Sequence[_Word], tokenizer: WhisperTokenizer, timestam
         if _SENTENCE_END.search(word.text) or k == len(words) - 1:
             sentences.append(words[begin:k + 1])
             begin = k + 1
+    def stamp(seconds: float) -> int:  # a timestamp token, within the window's 30 s
+        return tokenizer.timestamp_begin + min(round(seconds / TIME_PRECISION), round(_WINDOW_S / TIME_PRECISION))
+
     tokens: list[int] = []
     base = words[0].start
     for sentence in sentences:
         if sentence[-1].end - base > _WINDOW_S:
             base = sentence[0].start
-        start = min(round((sentence[0].start - base) / TIME_PRECISION), round(_WINDOW_S / TIME_PRECISION))
-        end = min(max(start, round((sentence[-1].end - base) / TIME_PRECISION)), round(_WINDOW_S / TIME_PRECISION))
+        start = sentence[0].start - base
         text = (" " if sentence[0].spaced else "") + _join(sentence)
-        tokens += [tokenizer.timestamp_begin + start, *tokenizer.encode(text), tokenizer.timestamp_begin + end]
+        tokens += [stamp(start), *tokenizer.encode(text), stamp(max(start, sentence[-1].end - base))]
     return tokens
 
 
@@ -933,17 +935,22 @@ class _Stream:
         return silence or loop
 
     def _prompt(self) -> list[int]:
-        """The committed words that have left the window, the last of them within prompt_chars characters,
-        as prompt tokens (see StreamOptions.prompt_timestamps)."""
-        words = self.committed[self.prompt_from:len(self.committed) - self.in_window]
-        first, chars = len(words), 0  # chars: of _join(words[first:])
-        while first > 0:
-            space = int(first < len(words) and words[first].spaced)
-            if chars + space + len(words[first - 1].text) > self.options.prompt_chars:
+        """The prompt's words as tokens (see StreamOptions.prompt_timestamps)."""
+        words = self.committed[self._prompt_start():len(self.committed) - self.in_window]
+        return _prompt_tokens(words, self.model.tokenizer, self.options.prompt_timestamps)
+
+    def _prompt_start(self) -> int:
+        """Index in `committed` of the prompt's first word: the prompt is the committed words that have left the
+        window (from prompt_from on), the last of them whose text is within prompt_chars characters."""
+        end = len(self.committed) - self.in_window
+        first, chars = end, 0  # chars: of _join(self.committed[first:end])
+        while first > self.prompt_from:
+            space = int(first < end and self.committed[first].spaced)
+            if chars + space + len(self.committed[first - 1].text) > self.options.prompt_chars:
                 break
             first -= 1
-            chars += space + len(words[first].text)
-        return _prompt_tokens(words[first:], self.model.tokenizer, self.options.prompt_timestamps)
+            chars += space + len(self.committed[first].text)
+        return first
 
     def _commit(self, words: list[_Word]) -> Commit:
         before = self.committed[-1].text if self.committed else ""
@@ -967,11 +974,8 @@ class _Stream:
         window_base = len(self.committed) - self.in_window
         if window_base < _FORGET_AFTER:  # at most window_base words can go: no need to count them
             return
-        keep, chars = window_base, 0
-        while keep > self.prompt_from and chars <= self.options.prompt_chars:
-            keep -= 1
-            chars += len(self.committed[keep].text) + self.committed[keep].spaced
-        keep = min(keep, self.n_displayed, len(self.committed) - 1, *(base for _, base, _ in self.pauses))
+        keep = min(self._prompt_start(), self.n_displayed, len(self.committed) - 1,
+                   *(base for _, base, _ in self.pauses))
         if keep < _FORGET_AFTER:
             return
         del self.committed[:keep]
