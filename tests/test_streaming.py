@@ -178,6 +178,28 @@ def test_a_window_just_cut_keeps_the_new_words_whisper_wrote_in_place_of_the_com
                            strict=True) == 5
 
 
+def test_numbers_in_words_or_in_digits_are_the_same_words():
+    """The cards over a telephone line, 0.5 s steps: written in words, then heard again in digits, they were
+    taken for new words after a cut and committed twice."""
+    committed, hyp = ws("Ten of quotes. Four. Queen of Clothes."), ws("10 of clubs, 4 Queen of clubs, 7 of")
+    assert _skip_committed(committed, hyp, strict=True) == 7
+    assert _key("Ten,") == _key("10") == "10" and _key("Twenty") == "20" and _key("Tenth") == "tenth"
+    assert _agreement(ws("Seven of clubs."), ws("7 of clubs")) == 3
+
+
+def test_a_pause_cut_needs_the_words_heard_before_the_pause_among_the_commits(model):
+    """The 1 minute series over a telephone line, 0.5 s steps: a hypothesis decoded at a pause left out the
+    committed sentence, and its words were matched to that sentence's first seven words, so the window was
+    cut at the pause with "It was the first great sorrow of his life" never committed."""
+    stream = _Stream(model, StreamOptions(), "device")
+    stream._commit(ws("Ask what you can do for your country."))
+    pause = round(13.76 * 16000)
+    stream.pauses = [(pause, 0, ws("It was the first great sorrow of his life."))]
+    assert stream._pause_cut() is None
+    stream.pauses = [(pause, 0, ws("Ask what you can do for your"))]  # heard before it, and the commits go on
+    assert stream._pause_cut() == (7, pause)
+
+
 def test_timestamped_tokens_become_words_with_segment_cuts(model):
     tok = model.tokenizer
     ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731

@@ -420,9 +420,18 @@ class _Word:
         return _key(self.text)
 
 
+# English number words as Whisper also writes them, in digits: "Ten of clubs" heard again as "10 of clubs" is the
+# same words (over a telephone line, 0.5 s steps wrote the cards both ways, and those committed in words were
+# taken for new words after a cut and committed again).
+_NUMBER_WORDS = {word: str(k) for k, word in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty".split())}
+
+
 def _key(text: str) -> str:
     # Agreement ignores case and punctuation: "Americans," then "Americans" is the same word.
-    return "".join(c for c in text.lower() if c.isalnum() or c == "'")
+    key = "".join(c for c in text.lower() if c.isalnum() or c == "'")
+    return _NUMBER_WORDS.get(key, key)
 
 
 @dataclass(frozen=True)
@@ -626,9 +635,21 @@ def _prefix_distances(a: str, b: str) -> np.ndarray:
     return row
 
 
-# Most character edits, per committed character, between the committed words left in a window just cut and the
-# prefix of its first hypothesis taken to repeat them (_skip_committed, strict).
+# Most character edits, per committed character, between committed words and the closest prefix of a hypothesis
+# taken to repeat them (_closest_prefix): the committed words left in a window just cut, the words heard before
+# a pause.
 _SKIP_MAX_EDITS = 0.5
+
+
+def _closest_prefix(committed: Sequence[_Word], words: Sequence[_Word]) -> tuple[int, bool]:
+    """(k, close): words[:k] is the prefix of `words` closest, in characters, to the `committed` words (ties go
+    to the word count nearest theirs); close: it differs in at most _SKIP_MAX_EDITS of their characters."""
+    keys = [w.key for w in words]
+    text = "".join(w.key for w in committed)
+    distances = _prefix_distances(text, "".join(keys))
+    ends = [0, *accumulate(len(k) for k in keys)]
+    best = min(range(len(ends)), key=lambda k: (distances[ends[k]], abs(k - len(committed))))
+    return best, distances[ends[best]] <= _SKIP_MAX_EDITS * len(text)
 
 
 def _skip_committed(committed: Sequence[_Word], words: Sequence[_Word], *, strict: bool = False) -> int:
@@ -638,19 +659,17 @@ def _skip_committed(committed: Sequence[_Word], words: Sequence[_Word], *, stric
     may hear them differently ("stuff it" then "stuffed"). The split is the word boundary whose
     prefix is closest, in characters, to the committed text, so a changed word neither repeats nor
     swallows the next one.
+
+    strict (the first hypothesis after a cut): a closest prefix that differs in most of their characters is not
+    the committed words heard again; Whisper left them out (the 5 minute series over a telephone line went on
+    from the sentence after them), and skipping it would drop as many new words ("it was the first great").
+    Not later in a window: where its committed words hold a mistake no hypothesis repeats them closely, and
+    taking each for new words committed them again and again (noisy 5 minute series: 112 -> 467 errors).
     """
     if not committed:
         return 0
-    keys = [w.key for w in words]
-    text = "".join(w.key for w in committed)
-    distances = _prefix_distances(text, "".join(keys))
-    ends = [0, *accumulate(len(k) for k in keys)]
-    # Ties go to the word count nearest the committed one.
-    best = min(range(len(ends)), key=lambda k: (distances[ends[k]], abs(k - len(committed))))
-    # strict (the first hypothesis after a cut): a closest prefix that differs in most of its characters is not
-    # the committed words heard again; Whisper left them out (the 5 minute series over a telephone line went on
-    # from the sentence after them), and skipping it would drop as many new words ("it was the first great").
-    return 0 if strict and distances[ends[best]] > _SKIP_MAX_EDITS * len(text) else best
+    best, close = _closest_prefix(committed, words)
+    return 0 if strict and not close else best
 
 
 def _newer_tail(old: list[_Word], new: list[_Word]) -> list[_Word]:
@@ -1037,12 +1056,14 @@ class _Stream:
             self.pauses.append(marker)
 
     def _pause_cut(self) -> tuple[int, int] | None:
-        """(committed words before it, input sample) of the latest pause the commits have passed."""
+        """(committed words before it, input sample) of the latest pause the commits have passed: they hold what
+        was heard before it and more. Commits that differ from what was heard in most of its characters are other
+        words: a hypothesis decoded at the pause that left out committed words had not heard what came before."""
         window_base = len(self.committed) - self.in_window
         for at, base, heard in reversed(self.pauses):
             after = self.committed[base:]
-            n_heard = _skip_committed(heard, after)
-            if n_heard < len(after) and base + n_heard >= window_base:
+            n_heard, close = _closest_prefix(heard, after)
+            if close and n_heard < len(after) and base + n_heard >= window_base:
                 return base + n_heard - window_base, at
         return None
 
