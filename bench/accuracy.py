@@ -54,6 +54,8 @@ CONFIGS: dict[str, tuple[str, str, dict[str, Any], dict[str, str]]] = {
     "aural-no-repeat-guard": ("Aural, repeated_segments_threshold=None", "aural",
                               {"options": {"repeated_segments_threshold": None}}, {}),
     "fw-int8": ("faster-whisper int8", "faster-whisper", {"compute_type": "int8"}, {}),
+    # The same weights without int8's rounding: how much of a gap between the two engines is that rounding.
+    "fw-f32": ("faster-whisper float32", "faster-whisper", {"compute_type": "float32"}, {}),
 }
 
 
