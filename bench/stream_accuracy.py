@@ -42,8 +42,8 @@ SAMPLE_RATE = 16000
 def options_of(config: str):
     """"local-agreement" or "alignatt-f<frames>", then optionally "/s<seconds>" (step_s), "/c<seconds>"
     (min_silence_commit_s), "/pause0" or "/pause1" (pause_step), "/d<words>" (doubled_run_words, d0:
-    None), "/g<seconds>" (commit_margin_s), "/a<seconds>" (agree_gap_s), "/b<beams>" (beam_size) and "/p0" or
-    "/p1" (prompt_timestamps), as StreamOptions: "local-agreement/s0.5/a1.0"."""
+    None), "/g<seconds>" (commit_margin_s), "/a<seconds>" (agree_gap_s), "/b<beams>" (beam_size), "/p0" or
+    "/p1" (prompt_timestamps) and "/t<seconds>" (stall_s), as StreamOptions: "local-agreement/s0.5/a1.0"."""
     from aural.engine.live.streaming import StreamOptions
 
     policy, *extras = config.split("/")
@@ -65,6 +65,8 @@ def options_of(config: str):
             fields["beam_size"] = int(extra[1:])
         elif extra in ("p0", "p1"):
             fields["prompt_timestamps"] = extra == "p1"
+        elif extra.startswith("t"):
+            fields["stall_s"] = float(extra[1:])
         elif extra in ("pause0", "pause1"):
             fields["pause_step"] = extra == "pause1"
         else:

@@ -230,6 +230,23 @@ def test_the_prompt_holds_the_committed_sentences_between_timestamps_as_whisper_
         ts(0.0), *tok.encode(" Ask not."), ts(1.0), ts(0.0), *tok.encode(" Again."), ts(1.0)]
 
 
+def test_a_hypothesis_without_new_words_stalls_the_window_only_after_a_second_of_unwritten_audio(model):
+    """The 1 minute series under noise, 0.5 s steps: cut after every step that ended inside a word not yet
+    written, the windows held 0.3-2 s of audio and tiny.en looped on them until the clip's last words were lost."""
+    stream = _Stream(model, StreamOptions(), "device")
+    stream.window_start, stream.audio = 16000 * 50, np.zeros(16000 * 6, dtype=np.float32)  # 50-56 s
+    stream._commit([_Word("Eight", 54.6, 55.0), _Word("of", 55.0, 55.2), _Word("spades.", 55.2, 55.6)])
+    assert not stream._stalled([])  # 0.4 s after "spades.": the next word may not be written yet
+    assert not stream._stalled(ws("Four"))  # new words: not stalled at all
+    stream.audio = np.zeros(16000 * 7, dtype=np.float32)  # 1.4 s after it
+    assert stream._stalled([])
+    stream.in_window = 0  # no committed word in the window: all 7 s are unwritten
+    assert stream._stalled([])
+    assert _Stream(model, StreamOptions(stall_s=0.0), "device")._stalled([])  # as before: every such step
+    with pytest.raises(ValueError, match="stall_s"):
+        StreamOptions(stall_s=-1.0)
+
+
 def test_a_cut_after_a_hypothesis_that_left_out_the_last_commits_keeps_them_in_the_window(model):
     """The sonnet: "but as the writer should" committed, then a hypothesis that ended with the sentence before
     it; cut at that sentence's end, the five words were taken out of the window (and so into the prompt)

@@ -237,6 +237,14 @@ class StreamOptions:
             (ref: whisper_streaming's buffer_trimming_sec, 15 s).
         max_window_s: longest window; past it the completed segments are committed unconfirmed and
             cut, so the window stays well under Whisper's 30 s.
+        stall_s: a hypothesis that writes no uncommitted word (or is rejected) stalls the window, which is
+            then cut at once (see _Stream._trim), only where at least this much audio after the last
+            committed word went unwritten. At 0.5 s steps a step often ends inside a word the decoder does
+            not write yet: cut there, the next windows held 0.3-2 s of audio, and tiny.en looped on them
+            ("Four of Clopes. Four of Clopes. ..."), its hypotheses were rejected, which stalled and cut the
+            window again, and the words were lost. Streaming WER on the widened sets (Zen 3, 1 thread,
+            stream-accuracy-stall-zen3.md): 0.5 s steps 12.90 % against 13.83 % (475 against 509 errors), 1 s
+            steps 11.60 against 11.65 % (427 against 429). 0: every such hypothesis stalls the window.
         min_silence_commit_s: a pause of this long (VAD) commits the tentative tail. With `pause_step`,
             0.5 s makes the last words final 0.41 s after they are spoken (p50; p90 0.65 s) against 1.12 s
             (p90 2.18 s) for 2 s without it, on the 18 dev clips at real-time pace (bench/results/
@@ -328,6 +336,7 @@ class StreamOptions:
     max_step_s: float = 5.0
     trim_s: float = 12.0
     max_window_s: float = 20.0
+    stall_s: float = 1.0
     min_silence_commit_s: float = 0.5
     pause_step: bool = True
     min_silence_reset_s: float = 4.0
@@ -370,6 +379,8 @@ class StreamOptions:
             raise ValueError(f"need hold_steps >= 0, got {self.hold_steps}")
         if self.repeated_words_threshold is not None and self.repeated_words_threshold < 2:
             raise ValueError(f"need repeated_words_threshold >= 2 or None, got {self.repeated_words_threshold}")
+        if self.stall_s < 0:
+            raise ValueError(f"need stall_s >= 0, got {self.stall_s}")
         if self.commit_margin_s < 0:
             raise ValueError(f"need commit_margin_s >= 0, got {self.commit_margin_s}")
         if not 1 <= self.beam_size <= MAX_SEQUENCES:
@@ -835,7 +846,7 @@ class _Stream:
         if agreed:
             yield self._commit(tail[:agreed])
         self.tail = _newer_tail(self.tail[agreed:], tail[agreed:])
-        yield from self._trim(hyp, done + agreed, stalled=not tail)
+        yield from self._trim(hyp, done + agreed, stalled=self._stalled(tail))
         yield from self._report(started, result)
 
     def _reference(self, words: list[_Word]) -> list[_Word]:
@@ -1003,6 +1014,14 @@ class _Stream:
         self.pauses = [(at, base - keep, heard) for at, base, heard in self.pauses]
 
     # -- the window --
+
+    def _stalled(self, tail: list[_Word]) -> bool:
+        """Whether a hypothesis whose uncommitted words are `tail` stalls the window (StreamOptions.stall_s): it
+        wrote none, and at least stall_s of audio after the window's last committed word (all of it without
+        one) went unwritten."""
+        end = (self.window_start + self.audio.size) / SAMPLE_RATE
+        written = self.committed[-1].end if self.in_window else self.window_start / SAMPLE_RATE
+        return not tail and end - written >= self.options.stall_s
 
     def _trim(self, hyp: _Hypothesis, n_committed: int, *, stalled: bool = False) -> Iterator[Event]:
         """Once the window is longer than trim_s, or at once when the hypothesis is `stalled` (it wrote
