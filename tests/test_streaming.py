@@ -234,11 +234,11 @@ def test_a_hypothesis_without_new_words_stalls_the_window_only_after_a_second_of
     """The 1 minute series under noise, 0.5 s steps: cut after every step that ended inside a word not yet
     written, the windows held 0.3-2 s of audio and tiny.en looped on them until the clip's last words were lost."""
     stream = _Stream(model, StreamOptions(), "device")
-    stream.window_start, stream.audio = 16000 * 50, np.zeros(16000 * 6, dtype=np.float32)  # 50-56 s
+    stream.window_start, stream.audio, stream.total = 16000 * 50, np.zeros(16000 * 6, dtype=np.float32), 16000 * 56
     stream._commit([_Word("Eight", 54.6, 55.0), _Word("of", 55.0, 55.2), _Word("spades.", 55.2, 55.6)])
     assert not stream._stalled([])  # 0.4 s after "spades.": the next word may not be written yet
     assert not stream._stalled(ws("Four"))  # new words: not stalled at all
-    stream.audio = np.zeros(16000 * 7, dtype=np.float32)  # 1.4 s after it
+    stream.audio, stream.total = np.zeros(16000 * 7, dtype=np.float32), 16000 * 57  # 1.4 s after it
     assert stream._stalled([])
     stream.in_window = 0  # no committed word in the window: all 7 s are unwritten
     assert stream._stalled([])

@@ -1019,9 +1019,8 @@ class _Stream:
         """Whether a hypothesis whose uncommitted words are `tail` stalls the window (StreamOptions.stall_s): it
         wrote none, and at least stall_s of audio after the window's last committed word (all of it without
         one) went unwritten."""
-        end = (self.window_start + self.audio.size) / SAMPLE_RATE
         written = self.committed[-1].end if self.in_window else self.window_start / SAMPLE_RATE
-        return not tail and end - written >= self.options.stall_s
+        return not tail and self.total / SAMPLE_RATE - written >= self.options.stall_s
 
     def _trim(self, hyp: _Hypothesis, n_committed: int, *, stalled: bool = False) -> Iterator[Event]:
         """Once the window is longer than trim_s, or at once when the hypothesis is `stalled` (it wrote
