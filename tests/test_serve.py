@@ -397,18 +397,6 @@ def test_live_captions_over_a_websocket(server, jfk_wav):
     assert last["dropped_blocks"] == 0
 
 
-@pytest.fixture(scope="module")
-def qwen3_gguf(tmp_path_factory) -> Path:
-    """A Qwen3-ASR GGUF of random weights (the test tooling's small shape), f32: its text is the engine's to match."""
-    from test_qwen3_asr import make_checkpoint
-
-    from aural.engine.models.importers import convert_model
-
-    folder = tmp_path_factory.mktemp("qwen3")
-    make_checkpoint(folder / "ckpt")
-    return convert_model(folder / "ckpt", folder / "qwen3-asr-small.gguf", wtype="f32")
-
-
 def test_a_qwen3_asr_model_serves_files_and_live_audio_as_the_engine_does(qwen3_gguf, jfk_wav):
     from aural.engine.qwen3asr import Qwen3AsrModel
     from aural.engine.qwen3asr.transcribe import transcribe_file
@@ -435,6 +423,35 @@ def test_a_qwen3_asr_model_serves_files_and_live_audio_as_the_engine_does(qwen3_
         assert [e for e in events if e["type"] == "commit"]
         assert events[-1]["type"] == "metrics" and events[-1]["audio_s"] == pytest.approx(11.0, abs=0.05)
         assert srv.metric('aural_requests_total{route="transcriptions",status="200"}') == 1
+
+
+def test_concurrent_qwen3_asr_requests_share_decoder_steps(qwen3_gguf, jfk_wav, data_dir):
+    """A Qwen3-ASR model (batched by default): three requests at once send their one-token steps through the
+    model's batcher (which runs the steps that meet in one graph: tests/test_qwen3_stream_batch.py), and each
+    answer is the engine's own text.
+
+    Shared steps may round the logits otherwise (summation order), so a greedy choice between two logits closer
+    than that could go the other way: the clips are ones whose text the random model ends in 31 and 38 tokens,
+    not one it runs on to the 512-token limit (the commonvoice clip), where such a tie came up."""
+    from aural.engine.qwen3asr import Qwen3AsrModel
+    from aural.engine.qwen3asr.transcribe import transcribe_file
+
+    clips = [jfk_wav, data_dir / "en_libri_1089-134686-0000.16k.wav", jfk_wav]
+    engine = Qwen3AsrModel(qwen3_gguf)
+    expected = [" ".join(s.text.strip() for s in transcribe_file(engine, clip)) for clip in clips]
+    with Server(ServeConfig(api_key=KEY, model=str(qwen3_gguf), max_streams=3)) as srv:  # batched by default
+        answers: dict[int, httpx.Response] = {}
+        threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, srv.post("/v1/audio/transcriptions",
+                                                                                         clips[i])))
+                   for i in range(len(clips))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        assert [answers[i].status_code for i in range(len(clips))] == [200] * len(clips)
+        assert [answers[i].json()["text"] for i in range(len(clips))] == expected
+        shared, held = srv.metric("aural_decode_shared_steps"), srv.metric("aural_decode_stream_steps")
+        assert 0 < shared <= held
 
 
 def test_a_live_stream_needs_the_key_and_valid_options(server):

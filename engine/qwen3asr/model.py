@@ -40,6 +40,8 @@ class Qwen3AsrModel:
         load_s: seconds spent loading (the tokenizer and the weights, on the CPU again after a fallback at load).
         fallback: why the CPU runs the model in place of the device asked for (a `runtime.DeviceFallback`),
             None while it runs where it was asked to.
+        batcher: when set (a `serve.batching.DecodeBatcher`), contexts opened in process from then on decode
+            their one-token steps together with the other contexts' (`batcher.wrap`); None: each on its own.
 
     `device` is what `runtime.resolve_device` takes ("cpu", "auto", "Vulkan0", "CUDA"). A device other than the
     CPU runs the weights in a device process (`isolation`), as Whisper's, so that a driver's fault ends that
@@ -63,6 +65,7 @@ class Qwen3AsrModel:
             raise ModelError(f"{self.path} has no tokenizer ({_TOKENIZER_KEY}).")
         self.tokenizer = Tokenizer.from_str(bytes(field.parts[field.data[0]]).decode("utf-8"))
         self.fallback: DeviceFallback | None = None
+        self.batcher = None
         self._encoding = threading.Lock()  # the encoder's compute buffer serves one call at a time
         self._load_on(device, isolate)
         self.eos = frozenset(self.native.eos_tokens)
@@ -98,6 +101,8 @@ class Qwen3AsrModel:
 
     def _fall_back_to_cpu(self, device: str, reason: str) -> None:
         self._load(CPU_DEVICE, isolated=False)
+        if self.batcher is not None:  # the shared steps follow the weights
+            self.batcher = self.batcher.for_model(self)
         self.fallback = DeviceFallback(device, reason)
         logger.warning("%s", self.fallback.message)
 
@@ -114,15 +119,17 @@ class Qwen3AsrModel:
         return isinstance(self.native, RemoteQwen3Model)
 
     def new_context(self, *, n_ctx: int, kv_mode: str = "device", kv_type: str = "f16"):
-        """A decoding session (_native.Qwen3Context, or its proxy in the device process) of n_ctx tokens."""
+        """A decoding session (_native.Qwen3Context, or its proxy in the device process) of n_ctx tokens; with a
+        batcher, wrapped so that its steps go through it."""
         from aural import _native
 
         try:
             if self.isolated:
                 return self.native.new_context(n_ctx=n_ctx, kv_mode=kv_mode, kv_type=kv_type)
-            return _native.Qwen3Context(self.native, n_ctx=n_ctx, kv_mode=kv_mode, kv_type=kv_type)
+            ctx = _native.Qwen3Context(self.native, n_ctx=n_ctx, kv_mode=kv_mode, kv_type=kv_type)
         except RuntimeError as exc:
             raise ModelError(f"Cannot create a session on {self.path.name}: {exc}") from exc
+        return ctx if self.batcher is None else self.batcher.wrap(ctx)
 
     def run(self, work: Callable[[], _T], on_fallback: Callable[[DeviceFallback], None] | None = None) -> _T:
         """work(), which opens its own contexts; when the device fails under it (a RuntimeError from the native

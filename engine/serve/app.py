@@ -76,12 +76,14 @@ class ServeConfig:
         max_upload_mib: largest request body, MiB (413 beyond it). 2 hours of 16 kHz 16-bit WAV is 220 MiB.
         max_audio_s: longest audio a request may hold, seconds (413 beyond it).
         beam_size: beam width of file transcriptions (as the CLI's --beam-size; 1: greedy).
-        batch: decode the steps that concurrent streams take together in one graph (`batching`). Off by
-            default: on the 2-core Zen 4 it answered 0.9x the audio per second at 2 to 16 clients with a
-            thread per stream, and the same with two (bench/results/serve-default.md, serve.md), since the
-            shared products are a small part of a request there; a GPU, where one graph per step is what
-            costs, is where it is meant to pay, but models in a device process (`isolation`, every GPU by
-            default) decode each stream alone so far.
+        batch: decode the steps that concurrent streams take together in one graph (`batching`); None (the
+            default) does so for Qwen3-ASR models and not for Whisper's. Whisper: on the 2-core Zen 4 it
+            answered 0.9x the audio per second at 2 to 16 clients with a thread per stream, and the same with
+            two (bench/results/serve-default.md, serve.md), since the shared products are a small part of a
+            request there. Qwen3-ASR, whose 0.6B decoder is nearly all of a request's work: 1.0x at 1 to 3
+            streams, 1.2-2.1x the tokens per second at 4 to 16 (bench/results/qwen3-batch-zen3.md). A GPU,
+            where one graph per step is what costs, is where it is meant to pay most, but models in a device
+            process (`isolation`, every GPU by default) decode each stream alone so far.
         kv_pool_mib: the streams' decoder self-attention K/V share one pool of this many MiB per model
             (`WhisperModel.use_kv_pool`): memory follows the text the streams hold instead of each stream's
             worst case; a stream that finds it full fails with 503. None (the default): the pool holds what the
@@ -100,7 +102,7 @@ class ServeConfig:
     max_upload_mib: int = 1024
     max_audio_s: float = 4 * 3600.0
     beam_size: int = 5
-    batch: bool = False
+    batch: bool | None = None
     kv_pool_mib: float | None = None
 
 
@@ -153,11 +155,11 @@ def _loader(config: ServeConfig) -> Callable[[str | None], WhisperModel]:
         from ..runtime import load_any_model
 
         model = load_any_model(resolve_model(spec), device=config.device, n_threads=_threads(config))
-        if not isinstance(model, WhisperModel):  # Qwen3-ASR: one request at a time per context, no shared steps
-            return model
-        if config.batch and not model.isolated:
+        qwen3 = not isinstance(model, WhisperModel)
+        if (config.batch or (config.batch is None and qwen3)) and not model.isolated:
             model.batcher = DecodeBatcher(model)
-        if config.kv_pool_mib != 0 and not model.isolated:
+        # Qwen3-ASR's contexts keep their own arenas: the pool holds Whisper's K/V rows.
+        if not qwen3 and config.kv_pool_mib != 0 and not model.isolated:
             model.use_kv_pool(config.kv_pool_mib, sessions=config.max_streams + 1)
         return model
 

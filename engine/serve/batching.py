@@ -1,15 +1,19 @@
 """Continuous batching across streams: the decoder steps that sessions on different threads take at about
-the same time go to the device as one graph (`aural._native.StreamBatch`).
+the same time go to the device as one graph (`aural._native.StreamBatch` for Whisper, `Qwen3StreamBatch` for
+Qwen3-ASR).
 
     model.batcher = DecodeBatcher(model)     # sessions opened from now on are batched
     ctx = model.new_session(n_seq=5)         # a BatchedContext: Context's API, decode goes through the batcher
+    ctx = qwen3_model.new_context(n_ctx=n)   # the same for a Qwen3AsrModel's contexts
 
 Every transcription and live stream keeps its own thread, decoding loop and native session (its KV arena and
 window); only `decode` calls of a few tokens (a step: one token per beam) are gathered. A stream joins or
 leaves between steps. The first thread to find a step ready runs everyone's pending steps in one call while
 the others wait for their logits: a step waits for more company only while fewer streams are pending than
-took part in the last shared step, and never longer than `wait_s`. Logits are the same numbers a session's
-own call gives (the layers' int8 and f32 products sum each column alone; tests/test_serve.py checks it).
+took part in the last shared step, and never longer than `wait_s`. Whisper's logits are the same numbers a
+session's own call gives (the layers' int8 and f32 products sum each column alone; tests/test_serve.py checks
+it); Qwen3-ASR's differ by the summation order of its batched f32/f16/q8_0 products alone
+(tests/test_stream_batch.py bounds them).
 
 Thread contract: any number of threads may call `decode` at once, each with its own context.
 """
@@ -35,11 +39,62 @@ DEFAULT_WAIT_S = 0.0015
 
 @dataclass
 class _Step:
-    ctx: Any  # the native Context
-    args: tuple  # (tokens, n_past, outputs, seq_ids), as StreamBatch.decode takes them
+    ctx: Any  # the native Context or Qwen3Context
+    args: tuple  # its decode's arguments: (tokens, n_past, outputs, seq_ids) for Whisper, (tokens,) for Qwen3
     logits: np.ndarray | None = None
     error: BaseException | None = None
     done: bool = False
+
+
+class _WhisperSteps:
+    """Whisper sessions' steps: `Context.decode(tokens, n_past, outputs=None, seq_ids=None)`, one token a beam."""
+
+    def __init__(self, model):
+        from aural import _native
+
+        self.native = _native.StreamBatch(model._model, n_threads=model.n_threads)
+        self.max_tokens = int(_native.StreamBatch.max_tokens_per_context)
+        self.max_streams = int(_native.StreamBatch.max_contexts)
+
+    def step_args(self, ctx, tokens: np.ndarray, args: tuple, kwargs: dict) -> tuple | None:
+        """The step's arguments as the shared call takes them, or None where it runs in a graph of its own."""
+        if tokens.size > self.max_tokens or ctx.kv_mode != "device":  # a prompt, or the host baseline
+            return None
+        return _whisper_args(tokens, *args, **kwargs)
+
+    def decode(self, batch: list[_Step]) -> list[np.ndarray]:
+        return self.native.decode(contexts=[s.ctx for s in batch], steps=[s.args for s in batch])
+
+
+def _whisper_args(tokens, n_past: int, outputs=None, seq_ids=None) -> tuple:
+    return (tokens, n_past, outputs, seq_ids)
+
+
+class _Qwen3Steps:
+    """Qwen3-ASR sessions' steps: `Qwen3Context.decode(tokens)`, with no audio, the last token's logits."""
+
+    def __init__(self, model):
+        from aural import _native
+
+        self.native = _native.Qwen3StreamBatch(model.native, n_threads=model.n_threads)
+        self.max_tokens = int(_native.Qwen3StreamBatch.max_tokens_per_context)
+        self.max_streams = int(_native.Qwen3StreamBatch.max_contexts)
+
+    def step_args(self, ctx, tokens: np.ndarray, args: tuple, kwargs: dict) -> tuple | None:
+        if args or kwargs.get("audio") is not None or kwargs.get("all_logits"):  # a prompt with its audio
+            return None
+        if tokens.size > self.max_tokens or ctx.kv_mode != "device":
+            return None
+        return (tokens,)
+
+    def decode(self, batch: list[_Step]) -> list[np.ndarray]:
+        return self.native.decode(contexts=[s.ctx for s in batch], tokens=[s.args[0] for s in batch])
+
+
+def _steps_for(model) -> _WhisperSteps | _Qwen3Steps:
+    from ..qwen3asr.model import Qwen3AsrModel
+
+    return _Qwen3Steps(model) if isinstance(model, Qwen3AsrModel) else _WhisperSteps(model)
 
 
 class DecodeBatcher:
@@ -52,11 +107,8 @@ class DecodeBatcher:
     """
 
     def __init__(self, model, *, wait_s: float = DEFAULT_WAIT_S):
-        from aural import _native
-
-        self.native = _native.StreamBatch(model._model, n_threads=model.n_threads)
-        self.max_tokens = int(_native.StreamBatch.max_tokens_per_context)
-        self.max_streams = int(_native.StreamBatch.max_contexts)
+        self._steps = _steps_for(model)
+        self.max_streams = self._steps.max_streams
         self.wait_s = wait_s
         self.steps = 0
         self.stream_steps = 0
@@ -72,11 +124,13 @@ class DecodeBatcher:
     def wrap(self, ctx) -> "BatchedContext":
         return BatchedContext(ctx, self)
 
-    def decode(self, ctx, tokens, n_past: int, outputs=None, seq_ids=None) -> np.ndarray:
+    def decode(self, ctx, tokens, *args, **kwargs) -> np.ndarray:
+        """ctx.decode(tokens, *args, **kwargs), in a shared step where it is one."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-        if tokens.size > self.max_tokens or ctx.kv_mode != "device":  # a prompt: its own graph
-            return ctx.decode(tokens, n_past, outputs=outputs, seq_ids=seq_ids)
-        step = _Step(ctx, (tokens, n_past, outputs, seq_ids))
+        shared = self._steps.step_args(ctx, tokens, args, kwargs)
+        if shared is None:
+            return ctx.decode(tokens, *args, **kwargs)
+        step = _Step(ctx, shared)
         deadline = time.monotonic() + self.wait_s
         with self._cond:
             self._pending.append(step)
@@ -110,12 +164,12 @@ class DecodeBatcher:
 
     def _decode(self, batch: list[_Step]) -> None:
         try:
-            results = self.native.decode(contexts=[s.ctx for s in batch], steps=[s.args for s in batch])
+            results = self._steps.decode(batch)
         except (ValueError, RuntimeError) as exc:
             # A step the shared call refused (it checks every step before any session changes) or a session
             # that was interrupted: each step alone, so each session gets its own answer. A failure after the
             # sessions' cells were placed (a device lost mid-compute) is every step's.
-            if not isinstance(exc, ValueError) and not any(s.ctx.interrupted for s in batch):
+            if not isinstance(exc, ValueError) and not any(getattr(s.ctx, "interrupted", False) for s in batch):
                 for s in batch:
                     s.error = exc
                 return
@@ -127,22 +181,22 @@ class DecodeBatcher:
 
     @staticmethod
     def _alone(step: _Step) -> None:
-        tokens, n_past, outputs, seq_ids = step.args
         try:
-            step.logits = step.ctx.decode(tokens, n_past, outputs=outputs, seq_ids=seq_ids)
+            step.logits = step.ctx.decode(*step.args)
         except BaseException as exc:  # noqa: BLE001 - handed to the step's own thread, which raises it
             step.error = exc
 
 
 class BatchedContext:
-    """A native Context whose `decode` goes through a `DecodeBatcher`; everything else is the Context's."""
+    """A native Context or Qwen3Context whose `decode` goes through a `DecodeBatcher`; everything else is the
+    context's."""
 
     def __init__(self, ctx, batcher: DecodeBatcher):
         self._ctx = ctx
         self._batcher = batcher
 
-    def decode(self, tokens, n_past: int, outputs=None, seq_ids=None) -> np.ndarray:
-        return self._batcher.decode(self._ctx, tokens, n_past, outputs=outputs, seq_ids=seq_ids)
+    def decode(self, tokens, *args, **kwargs) -> np.ndarray:
+        return self._batcher.decode(self._ctx, tokens, *args, **kwargs)
 
     def __getattr__(self, name: str):
         return getattr(self._ctx, name)

@@ -49,7 +49,7 @@ class ServerMetrics:
             lambda: sum(size for _, size in self.live_kv.values()))
 
         # Continuous batching (batching.DecodeBatcher): shared decoder steps, and the streams' steps they held.
-        # getattr: a Qwen3-ASR model has neither a batcher nor a KV pool.
+        # getattr: a model in a device process has no batcher, and a Qwen3-ASR model no KV pool.
         batchers = lambda: [m.batcher for m in models.loaded() if getattr(m, "batcher", None)]  # noqa: E731
         Gauge("aural_decode_shared_steps", "Decoder graphs run for several streams' steps at once",
               registry=r).set_function(lambda: sum(b.steps for b in batchers()))

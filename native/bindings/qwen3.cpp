@@ -14,6 +14,7 @@
 #include "qwen3-audio.h"
 #include "qwen3-context.h"
 #include "qwen3-model.h"
+#include "qwen3-stream-batch.h"
 
 namespace py = pybind11;
 
@@ -75,6 +76,36 @@ py::array_t<float> decode(context_handle & self, const int_array & tokens, const
         self.ctx->decode(ids, n, a, n_audio, dest, all_logits);
     }
     return out;
+}
+
+// The batch keeps its model alive: Python may drop the model first.
+struct batch_handle {
+    std::shared_ptr<qwen3_model> model;
+    std::unique_ptr<qwen3_stream_batch> batch;
+};
+
+py::list decode_together(batch_handle & self, const std::vector<context_handle *> & contexts,
+                         const std::vector<int_array> & tokens) {
+    std::vector<qwen3_context *> ctxs;
+    for (context_handle * c : contexts) ctxs.push_back(c->ctx.get());
+    std::vector<std::vector<int32_t>> steps;
+    for (const int_array & t : tokens) {
+        if (t.ndim() != 1) throw std::invalid_argument("each step's tokens must be a 1-D array of ids");
+        steps.emplace_back(t.data(), t.data() + t.shape(0));
+    }
+    std::vector<py::array_t<float>> out;
+    std::vector<float *> dest;
+    for (size_t i = 0; i < steps.size(); ++i) {
+        out.emplace_back(std::vector<py::ssize_t>{self.model->hp.text.n_vocab});
+        dest.push_back(out.back().mutable_data());
+    }
+    {
+        py::gil_scoped_release release;
+        self.batch->decode(ctxs, steps, dest);
+    }
+    py::list result;
+    for (auto & a : out) result.append(a);
+    return result;
 }
 
 }  // namespace
@@ -176,6 +207,31 @@ void register_qwen3(py::module_ & m) {
                 return py::dict(py::arg("graph_builds") = st.graph_builds, py::arg("graph_reuses") = st.graph_reuses);
             },
             "Graphs built and reused by this context's decode calls.");
+
+    py::class_<batch_handle>(m, "Qwen3StreamBatch",
+                             "Several Qwen3Contexts' decoder steps in one graph: the weights are read once for all of "
+                             "them. One caller at a time.")
+        .def(py::init([](std::shared_ptr<qwen3_model> model, int n_threads) {
+                 py::gil_scoped_release release;
+                 auto batch = std::make_unique<qwen3_stream_batch>(*model, n_threads);
+                 return batch_handle{std::move(model), std::move(batch)};
+             }),
+             py::arg("model"), py::kw_only(), py::arg("n_threads") = 0, "n_threads 0: the model's.")
+        .def("decode", &decode_together, py::arg("contexts"), py::arg("tokens"),
+             "tokens[i] (int32, at most max_tokens_per_context) appended to contexts[i] as Qwen3Context.decode "
+             "appends them; returns each one's last logits (n_vocab,). Every context's last_timings, stats and n_past "
+             "are as if it had decoded alone (the step's time is each one's). ValueError, before any context "
+             "changes, for a step not allowed here.")
+        .def_readonly_static("max_tokens_per_context", &qwen3_stream_batch::max_tokens_per_context)
+        .def_readonly_static("max_contexts", &qwen3_stream_batch::max_contexts)
+        .def_property_readonly("stats", [](const batch_handle & self) {
+            py::dict d;
+            d["steps"] = self.batch->n_steps;
+            d["graph_builds"] = self.batch->graph_builds;
+            d["graph_reuses"] = self.batch->graph_reuses;
+            d["compute_ms_total"] = self.batch->compute_ms_total;
+            return d;
+        });
 }
 
 }  // namespace aural::bindings
