@@ -81,22 +81,22 @@ void qwen3_stream_batch::decode(const std::vector<qwen3_context *> & contexts,
     std::vector<std::vector<int32_t>> pos(contexts.size());
     std::vector<std::vector<int64_t>> cells(contexts.size());
     std::vector<int32_t> all_tokens, all_pos;
-    for (size_t i = 0; i < contexts.size(); ++i) {
-        qwen3_context & c = *contexts[i];
-        kv_update step;
-        for (size_t k = 0; k < tokens[i].size(); ++k) {
-            pos[i].push_back(static_cast<int32_t>(c.n_past_ + k));
-            step.seq.push_back(0);
-        }
-        step.pos = pos[i];
-        cells[i] = c.kv_->apply(step);
-        parts.push_back({c.kv_.get(), static_cast<int64_t>(tokens[i].size())});
-        all_tokens.insert(all_tokens.end(), tokens[i].begin(), tokens[i].end());
-        all_pos.insert(all_pos.end(), pos[i].begin(), pos[i].end());
-    }
     qwen3_timings t;
     t.reused = true;
     try {
+        for (size_t i = 0; i < contexts.size(); ++i) {
+            qwen3_context & c = *contexts[i];
+            kv_update step;
+            for (size_t k = 0; k < tokens[i].size(); ++k) {
+                pos[i].push_back(static_cast<int32_t>(c.n_past_ + k));
+                step.seq.push_back(0);
+            }
+            step.pos = pos[i];
+            cells[i] = c.kv_->apply(step);
+            parts.push_back({c.kv_.get(), static_cast<int64_t>(tokens[i].size())});
+            all_tokens.insert(all_tokens.end(), tokens[i].begin(), tokens[i].end());
+            all_pos.insert(all_pos.end(), pos[i].begin(), pos[i].end());
+        }
         prepare(parts, t);
         const qwen3_decoder_graph & g = graph_;
         ggml_backend_tensor_set(g.tokens, all_tokens.data(), 0, ggml_nbytes(g.tokens));
@@ -115,7 +115,8 @@ void qwen3_stream_batch::decode(const std::vector<qwen3_context *> & contexts,
         ggml_backend_tensor_get(g.logits, rows.data(), 0, ggml_nbytes(g.logits));
         for (size_t i = 0; i < contexts.size(); ++i) std::copy_n(rows.data() + i * n_vocab, n_vocab, logits[i]);
     } catch (...) {
-        for (qwen3_context * c : contexts) c->clear();  // their arenas hold cells without K/V: they start over
+        // The arenas may hold cells without their K/V: every context starts over, as its own decode does.
+        for (qwen3_context * c : contexts) c->clear();
         throw;
     }
     // Each context waited for the whole step: its timings are the step's, its position its own tokens'.
