@@ -15,6 +15,7 @@ moves logits by a large part of their range, as two different contexts' logits s
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -147,3 +148,37 @@ def test_threads_decoding_at_once_share_steps(model, prompts):
         assert all(_close(a, b) for a, b in zip(_forced(model, prompt, forced[i]), results[i]))
     # The prompts, with their audio, run alone; only the one-token steps go through the shared calls.
     assert batcher.stream_steps == len(prompts) * STEPS and batcher.steps < batcher.stream_steps
+
+
+def test_streams_that_came_back_during_a_long_step_join_the_next_one(model, prompts):
+    """A step that arrives while a shared step runs waits from that step's end, for its streams to come back:
+    counted from its own arrival, its wait ran out during steps longer than it, and the streams split into
+    halves that took turns (8 Qwen3 streams in graphs of 4 on the Zen 3). Shared steps made 0.3 s long here,
+    longer than the wait, must then hold every stream that has steps left."""
+    batcher = DecodeBatcher(model, wait_s=0.1)
+    sizes: list[int] = []
+    shared = batcher._steps.decode
+
+    def slow(batch):
+        sizes.append(len(batch))
+        time.sleep(0.3)
+        return shared(batch)
+
+    batcher._steps.decode = slow
+    ctxs = [_started(model, p)[0] for p in prompts]
+    start = threading.Barrier(len(ctxs))
+
+    def run(ctx) -> None:
+        start.wait()
+        for t in range(4):
+            batcher.decode(ctx, np.array([t], np.int32))
+            time.sleep(0.02)  # its greedy choice: the thread that ran the step is not back at once either
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in ctxs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    # The first stream steps alone (no stream stepped before it), so it ends one shared step before the others.
+    first = next(i for i in range(len(sizes)) if sum(sizes[:i + 1]) >= len(ctxs))  # every stream stepped once
+    assert sum(sizes) == 4 * len(ctxs) and set(sizes[first + 1:-1]) == {len(ctxs)}, sizes

@@ -10,10 +10,12 @@ Every transcription and live stream keeps its own thread, decoding loop and nati
 window); only `decode` calls of a few tokens (a step: one token per beam) are gathered. A stream joins or
 leaves between steps. The first thread to find a step ready runs everyone's pending steps in one call while
 the others wait for their logits: a step waits for more company only while fewer streams are pending than
-took part in the last shared step, and never longer than `wait_s`. Whisper's logits are the same numbers a
-session's own call gives (the layers' int8 and f32 products sum each column alone; tests/test_serve.py checks
-it); Qwen3-ASR's differ by the summation order of its batched f32/f16/q8_0 products alone
-(tests/test_stream_batch.py bounds them).
+took part in the last two shared steps, and never longer than `wait_s` after it arrived or the last shared
+step ended, whichever is later. (Counted from its arrival alone, the wait of a step that came during a long
+shared step ran out before that step's streams were back, and the streams split into two halves that took
+turns: 8 Qwen3 streams stepped in graphs of 4.) Whisper's logits are the same numbers a session's own call gives (the layers' int8 and
+f32 products sum each column alone; tests/test_serve.py checks it); Qwen3-ASR's differ by the summation order
+of its batched f32/f16/q8_0 products alone (tests/test_qwen3_stream_batch.py bounds them).
 
 Thread contract: any number of threads may call `decode` at once, each with its own context.
 """
@@ -32,10 +34,6 @@ __all__ = ["BatchedContext", "DecodeBatcher"]
 
 logger = logging.getLogger(__name__)
 
-# How long a pending step waits for the other streams' (seconds): about one greedy step of tiny.en on two
-# cores (1.2-1.5 ms), so a stream busy elsewhere (encoding, sampling) delays the others by at most that.
-DEFAULT_WAIT_S = 0.0015
-
 
 @dataclass
 class _Step:
@@ -48,6 +46,10 @@ class _Step:
 
 class _WhisperSteps:
     """Whisper sessions' steps: `Context.decode(tokens, n_past, outputs=None, seq_ids=None)`, one token a beam."""
+
+    # How long a pending step waits for the other streams' (seconds): about one greedy step of tiny.en on two
+    # cores (1.2-1.5 ms), so a stream busy elsewhere (encoding, sampling) delays the others by at most that.
+    wait_s = 0.0015
 
     def __init__(self, model):
         from aural import _native
@@ -72,6 +74,13 @@ def _whisper_args(tokens, n_past: int, outputs=None, seq_ids=None) -> tuple:
 
 class _Qwen3Steps:
     """Qwen3-ASR sessions' steps: `Qwen3Context.decode(tokens)`, with no audio, the last token's logits."""
+
+    # What 8 streams' greedy choices over 151 936 logits take one after another under the GIL (1-2 ms each,
+    # argmax and the float64 log-probability), so that their next steps meet: at 10 ms, 8 streams stepped in
+    # graphs of 4.3-5.3 on average, at 20 ms of 7.1 (the Zen 3, q8_0 0.6B shape). A third of the 60 ms step
+    # of one stream alone; a stream that stays away (encoding its next chunk) drops out of the expected count
+    # after two shared steps, so it costs the others two such waits.
+    wait_s = 0.020
 
     def __init__(self, model):
         from aural import _native
@@ -106,16 +115,17 @@ class DecodeBatcher:
             mean batch).
     """
 
-    def __init__(self, model, *, wait_s: float = DEFAULT_WAIT_S):
+    def __init__(self, model, *, wait_s: float | None = None):
         self._steps = _steps_for(model)
         self.max_streams = self._steps.max_streams
-        self.wait_s = wait_s
+        self.wait_s = self._steps.wait_s if wait_s is None else wait_s
         self.steps = 0
         self.stream_steps = 0
         self._cond = threading.Condition()
         self._pending: list[_Step] = []
         self._running = False
-        self._last_size = 1  # streams in the last shared step
+        self._recent: tuple[set[int], set[int]] = (set(), set())  # the contexts of the last two shared steps
+        self._last_end = 0.0  # time.monotonic() at the end of the last shared step
 
     def for_model(self, model) -> "DecodeBatcher":
         """A batcher like this one for `model`'s weights now (after they moved to the CPU)."""
@@ -131,12 +141,15 @@ class DecodeBatcher:
         if shared is None:
             return ctx.decode(tokens, *args, **kwargs)
         step = _Step(ctx, shared)
-        deadline = time.monotonic() + self.wait_s
+        arrived = time.monotonic()
         with self._cond:
             self._pending.append(step)
             self._cond.notify_all()
             while not step.done:
-                due = len(self._pending) >= self._last_size or time.monotonic() >= deadline
+                # A step waits from its arrival or the end of the last shared step, whichever is later: one that
+                # came during a shared step waits for the streams of that step to come back.
+                deadline = max(arrived, self._last_end) + self.wait_s
+                due = len(self._pending) >= self._expected() or time.monotonic() >= deadline
                 if not self._running and self._pending and due:
                     self._run_pending()
                 else:
@@ -144,6 +157,10 @@ class DecodeBatcher:
         if step.error is not None:
             raise step.error
         return step.logits
+
+    def _expected(self) -> int:
+        """How many streams' steps make a full shared step: those of the last two steps, at least one."""
+        return max(1, min(self.max_streams, len(self._recent[0] | self._recent[1])))
 
     def _run_pending(self) -> None:
         """Runs the pending steps (up to the native limit) as one; called and returns with the lock held."""
@@ -155,7 +172,8 @@ class DecodeBatcher:
         finally:
             self._cond.acquire()
             self._running = False
-            self._last_size = len(batch)
+            self._recent = (self._recent[1], {id(step.ctx) for step in batch})
+            self._last_end = time.monotonic()
             self.steps += 1
             self.stream_steps += len(batch)
             for step in batch:
