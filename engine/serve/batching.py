@@ -76,7 +76,7 @@ class _Qwen3Steps:
     """Qwen3-ASR sessions' steps: `Qwen3Context.decode(tokens)`, with no audio, the last token's logits."""
 
     # What 8 streams' greedy choices over 151 936 logits take one after another under the GIL (1-2 ms each,
-    # argmax and the float64 log-probability), so that their next steps meet: at 10 ms, 8 streams stepped in
+    # argmax and the float64 log-probability), so that their next steps meet: at 6 ms, 8 streams stepped in
     # graphs of 4.3-5.3 on average, at 20 ms of 7.1 (the Zen 3, q8_0 0.6B shape). A third of the 60 ms step
     # of one stream alone; a stream that stays away (encoding its next chunk) drops out of the expected count
     # after two shared steps, so it costs the others two such waits.
