@@ -80,8 +80,8 @@ class ServeConfig:
             default) does so for Qwen3-ASR models and not for Whisper's. Whisper: on the 2-core Zen 4 it
             answered 0.9x the audio per second at 2 to 16 clients with a thread per stream, and the same with
             two (bench/results/serve-default.md, serve.md), since the shared products are a small part of a
-            request there. Qwen3-ASR, whose 0.6B decoder is nearly all of a request's work: 1.0x at 1 to 3
-            streams, 1.2-2.1x the tokens per second at 4 to 16 (bench/results/qwen3-batch-zen3.md). A GPU,
+            request there. Qwen3-ASR, whose 0.6B decoder is nearly all of a request's work: 0.9-1.1x at 1 to 3
+            streams, 1.2-2.5x the tokens per second at 4 to 16 (bench/results/qwen3-batch-zen3.md). A GPU,
             where one graph per step is what costs, is where it is meant to pay most, but models in a device
             process (`isolation`, every GPU by default) decode each stream alone so far.
         kv_pool_mib: the streams' decoder self-attention K/V share one pool of this many MiB per model
