@@ -380,19 +380,17 @@ ggml_tensor * select_heads(ggml_context * ctx, ggml_tensor * kq, const std::vect
 // against 70 ms (tiny.en, Zen 2), while a greedy step went from 3.35 to 2.90 ms with it.
 constexpr int64_t self_attention_max_rows = 8;
 
-namespace {
-
-// Columns [begin, begin + n) of x [n_state, n_tokens]: a contiguous view (x itself when that is all of it).
 ggml_tensor * columns(ggml_context * ctx, ggml_tensor * x, int64_t begin, int64_t n) {
     return begin == 0 && n == x->ne[1] ? x : ggml_view_2d(ctx, x, x->ne[0], n, x->nb[1], begin * x->nb[1]);
 }
 
-// The parts' results [n_state, n_j] side by side in batch order.
 ggml_tensor * join(ggml_context * ctx, const std::vector<ggml_tensor *> & outs) {
     ggml_tensor * cur = outs[0];
     for (size_t j = 1; j < outs.size(); ++j) cur = ggml_concat(ctx, cur, outs[j], 1);
     return cur;
 }
+
+namespace {
 
 // A part of the step with where its tokens begin in the batch and its own inputs.
 struct part_inputs {

@@ -105,6 +105,12 @@ constexpr size_t max_graph_nodes = 8192;
 // Encoder: mel [2*n_ctx, n_mels] -> conv stem -> transformer -> cross K/V rows [0, n_ctx) of `kv`.
 // n_ctx < hp.n_audio_ctx encodes a shorter audio context (ref: whisper.cpp `audio_ctx`): the
 // cost falls with it (attention quadratically), at some cost in accuracy the caller must weigh.
+// Helpers for graphs over several contexts' tokens (a part each), shared with qwen3-graph.h.
+// Columns [begin, begin + n) of x [n_state, n_tokens]: a contiguous view (x itself when that is all of it).
+ggml_tensor * columns(ggml_context * ctx, ggml_tensor * x, int64_t begin, int64_t n);
+// The parts' results [n_state, n_j] side by side in batch order.
+ggml_tensor * join(ggml_context * ctx, const std::vector<ggml_tensor *> & outs);
+
 std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv, uint32_t n_ctx);
 // Decoder: token batch -> logits of the requested outputs; writes the batch's K/V into `kv`.
 // With `heads`, also outputs the softmaxed cross-attention weights of those heads (`cross_qk`),

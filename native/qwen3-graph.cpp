@@ -1,5 +1,7 @@
 #include "qwen3-graph.h"
 
+#include "graph.h"
+
 #include <cmath>
 
 namespace aural {
@@ -87,23 +89,6 @@ void qwen3_rope_table(const qwen3_model & m, const int32_t * pos, int64_t n, flo
     }
 }
 
-namespace {
-
-// Columns [begin, begin + n) of t [ne0, N, ...] along its last used dimension `dim` (1 or 2), as a view.
-ggml_tensor * columns(ggml_context * ctx, ggml_tensor * t, int dim, int64_t begin, int64_t n) {
-    if (dim == 1) return ggml_view_2d(ctx, t, t->ne[0], n, t->nb[1], begin * t->nb[1]);
-    return ggml_view_3d(ctx, t, t->ne[0], t->ne[1], n, t->nb[1], t->nb[2], begin * t->nb[2]);
-}
-
-// Joins per-part results along dimension 1, in part order.
-ggml_tensor * join(ggml_context * ctx, const std::vector<ggml_tensor *> & pieces) {
-    ggml_tensor * out = pieces.front();
-    for (size_t i = 1; i < pieces.size(); ++i) out = ggml_concat(ctx, out, pieces[i], 1);
-    return out;
-}
-
-}  // namespace
-
 qwen3_decoder_graph build_qwen3_decoder(const qwen3_model & m, const std::vector<qwen3_part> & parts, int64_t n_audio,
                                         bool all_logits) {
     const auto & tx = m.hp.text;
@@ -135,10 +120,12 @@ qwen3_decoder_graph build_qwen3_decoder(const qwen3_model & m, const std::vector
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(tx.head_dim));
     const int64_t n_kv_state = static_cast<int64_t>(tx.n_head_kv) * tx.head_dim;
+    const int64_t n_q_state = static_cast<int64_t>(tx.n_head) * tx.head_dim;
     for (size_t il = 0; il < m.text_layers.size(); ++il) {
         const qwen3_text_layer & l = m.text_layers[il];
         ggml_tensor * cur = rms_norm(ctx, x, l.attn_norm.w, tx.norm_eps);
-        ggml_tensor * q = heads(ctx, m, cur, l.q, &l.q_norm, g);  // [hd, n_head, n]
+        // [hd * n_head, n]: a part's columns are its queries (heads() makes q contiguous)
+        ggml_tensor * q = ggml_reshape_2d(ctx, heads(ctx, m, cur, l.q, &l.q_norm, g), n_q_state, n_tokens);
         ggml_tensor * k = ggml_reshape_2d(ctx, heads(ctx, m, cur, l.k, &l.k_norm, g), n_kv_state, n_tokens);
         ggml_tensor * v = ggml_reshape_2d(ctx, heads(ctx, m, cur, l.v, nullptr, g), n_kv_state, n_tokens);
         std::vector<ggml_tensor *> attn;
@@ -146,13 +133,14 @@ qwen3_decoder_graph build_qwen3_decoder(const qwen3_model & m, const std::vector
         for (size_t ip = 0; ip < parts.size(); ++ip) {
             const qwen3_part & p = parts[ip];
             // Write this part's K/V rows into its arena in place before its attention reads it (graph order).
-            ggml_build_forward_expand(g.gf, p.kv->cpy_k(ctx, columns(ctx, k, 1, begin, p.n_tokens), g.cells[ip], il));
-            ggml_build_forward_expand(g.gf, p.kv->cpy_v(ctx, columns(ctx, v, 1, begin, p.n_tokens), g.cells[ip], il));
-            ggml_tensor * qp = ggml_permute(ctx, columns(ctx, q, 2, begin, p.n_tokens), 0, 2, 1, 3);
+            ggml_build_forward_expand(g.gf, p.kv->cpy_k(ctx, columns(ctx, k, begin, p.n_tokens), g.cells[ip], il));
+            ggml_build_forward_expand(g.gf, p.kv->cpy_v(ctx, columns(ctx, v, begin, p.n_tokens), g.cells[ip], il));
+            ggml_tensor * qp = ggml_reshape_3d(ctx, columns(ctx, q, begin, p.n_tokens), tx.head_dim, tx.n_head, p.n_tokens);
+            qp = ggml_permute(ctx, qp, 0, 2, 1, 3);
             ggml_tensor * a = ggml_flash_attn_ext(ctx, qp, p.kv->get_k(ctx, il), p.kv->get_v(ctx, il), g.mask[ip], scale,
                                                   0.0f, 0.0f);
             ggml_flash_attn_ext_set_prec(a, GGML_PREC_F32);
-            attn.push_back(ggml_reshape_2d(ctx, a, static_cast<int64_t>(tx.n_head) * tx.head_dim, p.n_tokens));
+            attn.push_back(ggml_reshape_2d(ctx, a, n_q_state, p.n_tokens));
             begin += p.n_tokens;
         }
         x = ggml_add(ctx, x, linear(ctx, l.o, join(ctx, attn)));
@@ -166,7 +154,7 @@ qwen3_decoder_graph build_qwen3_decoder(const qwen3_model & m, const std::vector
         int64_t end = 0;
         for (const qwen3_part & p : parts) {
             end += p.n_tokens;
-            last.push_back(columns(ctx, x, 1, end - 1, 1));
+            last.push_back(columns(ctx, x, end - 1, 1));
         }
         x = join(ctx, last);
     }
