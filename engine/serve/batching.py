@@ -13,9 +13,10 @@ the others wait for their logits: a step waits for more company only while fewer
 took part in the last two shared steps, and never longer than `wait_s` after it arrived or the last shared
 step ended, whichever is later. (Counted from its arrival alone, the wait of a step that came during a long
 shared step ran out before that step's streams were back, and the streams split into two halves that took
-turns: 8 Qwen3 streams stepped in graphs of 4.) Whisper's logits are the same numbers a session's own call gives (the layers' int8 and
-f32 products sum each column alone; tests/test_serve.py checks it); Qwen3-ASR's differ by the summation order
-of its batched f32/f16/q8_0 products alone (tests/test_qwen3_stream_batch.py bounds them).
+turns: 8 Qwen3 streams stepped in graphs of 4.) Whisper's logits are the same numbers a session's own call
+gives (the layers' int8 and f32 products sum each column alone; tests/test_serve.py checks it); Qwen3-ASR's
+differ by the summation order of its batched f32/f16/q8_0 products alone (tests/test_qwen3_stream_batch.py
+bounds them).
 
 Thread contract: any number of threads may call `decode` at once, each with its own context.
 """
@@ -44,7 +45,16 @@ class _Step:
     done: bool = False
 
 
-class _WhisperSteps:
+class _Steps:
+    """One model kind's shared native call (`batch_type` over the model's native weights) and its limits."""
+
+    def __init__(self, batch_type, weights, n_threads: int):
+        self.native = batch_type(weights, n_threads=n_threads)
+        self.max_tokens = int(batch_type.max_tokens_per_context)
+        self.max_streams = int(batch_type.max_contexts)
+
+
+class _WhisperSteps(_Steps):
     """Whisper sessions' steps: `Context.decode(tokens, n_past, outputs=None, seq_ids=None)`, one token a beam."""
 
     # How long a pending step waits for the other streams' (seconds): about one greedy step of tiny.en on two
@@ -54,9 +64,7 @@ class _WhisperSteps:
     def __init__(self, model):
         from aural import _native
 
-        self.native = _native.StreamBatch(model._model, n_threads=model.n_threads)
-        self.max_tokens = int(_native.StreamBatch.max_tokens_per_context)
-        self.max_streams = int(_native.StreamBatch.max_contexts)
+        super().__init__(_native.StreamBatch, model._model, model.n_threads)
 
     def step_args(self, ctx, tokens: np.ndarray, args: tuple, kwargs: dict) -> tuple | None:
         """The step's arguments as the shared call takes them, or None where it runs in a graph of its own."""
@@ -72,7 +80,7 @@ def _whisper_args(tokens, n_past: int, outputs=None, seq_ids=None) -> tuple:
     return (tokens, n_past, outputs, seq_ids)
 
 
-class _Qwen3Steps:
+class _Qwen3Steps(_Steps):
     """Qwen3-ASR sessions' steps: `Qwen3Context.decode(tokens)`, with no audio, the last token's logits."""
 
     # What 8 streams' greedy choices over 151 936 logits take one after another under the GIL (1-2 ms each,
@@ -85,9 +93,7 @@ class _Qwen3Steps:
     def __init__(self, model):
         from aural import _native
 
-        self.native = _native.Qwen3StreamBatch(model.native, n_threads=model.n_threads)
-        self.max_tokens = int(_native.Qwen3StreamBatch.max_tokens_per_context)
-        self.max_streams = int(_native.Qwen3StreamBatch.max_contexts)
+        super().__init__(_native.Qwen3StreamBatch, model.native, model.n_threads)
 
     def step_args(self, ctx, tokens: np.ndarray, args: tuple, kwargs: dict) -> tuple | None:
         if args or kwargs.get("audio") is not None or kwargs.get("all_logits"):  # a prompt with its audio
