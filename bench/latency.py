@@ -20,8 +20,8 @@ Steadiness: rewrites per minute of audio, the tentative words a viewer saw repla
 
 `--policy` (local-agreement, alignatt), `--frames` (StreamOptions.alignatt_frames), `--audio-ctx`, `--step`,
 `--hold` (StreamOptions.hold_steps), `--commit-after` (min_silence_commit_s), `--pause-step` (1/0),
-`--margin` (commit_margin_s), `--agree-gap` (agree_gap_s), `--beam` (beam_size) and `--prompt-ts`
-(prompt_timestamps) take
+`--margin` (commit_margin_s), `--agree-gap` (agree_gap_s), `--beam` (beam_size), `--prompt-ts`
+(prompt_timestamps) and `--draft` (draft, 1/0) take
 comma-separated values; every combination is a configuration, and
 the configurations are interleaved clip by clip (each clip runs them all, starting with a different one
 each time), so that a shared machine's changing load falls on all of them alike. The 1-minute load
@@ -101,7 +101,11 @@ class ClipResult:
         encoder_ms: mean encoder time per decode step.
         step_ms: mean wall time per decode step (mel, encoder, decoder, agreement).
         tokens_per_step: mean decoder calls per decode step.
-        decode_ms_per_token: mean decoder wall time per call (compute, KV/IO, logits, sampling).
+        decode_ms_per_token: mean decoder wall time per token (compute, KV/IO, logits, sampling;
+            Metrics.decode_ms_per_token).
+        decode_ms_per_step: mean decoder wall time per decode step (the same, over all its calls).
+        draft_fed_per_step: mean tokens of the previous hypothesis fed ahead per step (StreamOptions.draft).
+        draft_kept_per_step: mean of those sampled per step: decoder calls saved.
         loadavg_1m: the machine's 1-minute load average when the run started.
         text_stream: the concatenated commits, to read what the errors were.
     """
@@ -125,6 +129,9 @@ class ClipResult:
     step_ms: float = 0.0
     tokens_per_step: float = 0.0
     decode_ms_per_token: float = 0.0
+    decode_ms_per_step: float = 0.0
+    draft_fed_per_step: float = 0.0
+    draft_kept_per_step: float = 0.0
     loadavg_1m: float = 0.0
     text_stream: str = ""
 
@@ -303,6 +310,10 @@ def _add_costs(result: ClipResult, metrics: list[Metrics]) -> None:
         result.step_ms = float(np.mean([m.step_ms for m in decoded]))
         result.tokens_per_step = float(np.mean([m.n_tokens for m in decoded]))
         result.decode_ms_per_token = float(np.mean([m.decode_ms_per_token for m in decoded]))
+        result.decode_ms_per_step = float(np.mean([m.decode_ms_per_token * (m.n_tokens + m.draft_accepted)
+                                                   for m in decoded]))
+        result.draft_fed_per_step = float(np.mean([m.draft_tokens for m in decoded]))
+        result.draft_kept_per_step = float(np.mean([m.draft_accepted for m in decoded]))
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -394,7 +405,8 @@ _CLIP_HEADER = ("clip", "audio s", "words matched", "partial p50 s", "partial p9
 _SUMMARY_HEADER = ("config", "policy", "audio ctx", "step s", "hold steps", "pause commit s", "pause step",
                    "partial p50 s", "partial p90 s", "commit p50 s", "commit p90 s", "final p50 s", "final p90 s",
                    "rewrites/min", "first partial s", "RTF", "encoder ms/step", "step ms", "tokens/step",
-                   "decode ms/token", "dropped", "load 1m", "WER offline %", "WER stream %")
+                   "decode ms/token", "decode ms/step", "draft fed/kept per step", "dropped", "load 1m",
+                   "WER offline %", "WER stream %")
 
 
 def _clip_row(r: dict) -> tuple:
@@ -421,8 +433,15 @@ def _summary_row(config: dict) -> tuple:
             fmt(s["commit"]["p50"]), fmt(s["commit"]["p90"]), fmt(final["p50"]), fmt(final["p90"]),
             fmt(s.get("rewrites_per_min"), 1),
             fmt(s["first_partial_median_s"]), fmt(s["rtf_mean"]), fmt(s["encoder_ms"], 0), fmt(s["step_ms"], 0),
-            fmt(s["tokens_per_step"], 1), fmt(s["decode_ms_per_token"], 1), s["dropped_blocks"],
+            fmt(s["tokens_per_step"], 1), fmt(s["decode_ms_per_token"], 1), fmt(s.get("decode_ms_per_step"), 0),
+            _draft_cell(s), s["dropped_blocks"],
             fmt(s["loadavg_1m"], 1), fmt(s["wer_offline"] * 100, 1), fmt(s["wer_stream"] * 100, 1))
+
+
+def _draft_cell(s: dict) -> str:
+    if s.get("draft_fed_per_step") is None:  # runs before drafts
+        return "-"
+    return f"{fmt(s['draft_fed_per_step'], 1)} / {fmt(s['draft_kept_per_step'], 1)}"
 
 
 def markdown(report: dict) -> str:
@@ -482,6 +501,9 @@ def summarize(results: list[ClipResult]) -> dict:
         "encoder_ms": _weighted(results, "encoder_ms"), "step_ms": _weighted(results, "step_ms"),
         "tokens_per_step": _weighted(results, "tokens_per_step"),
         "decode_ms_per_token": _weighted(results, "decode_ms_per_token"),
+        "decode_ms_per_step": _weighted(results, "decode_ms_per_step"),
+        "draft_fed_per_step": _weighted(results, "draft_fed_per_step"),
+        "draft_kept_per_step": _weighted(results, "draft_kept_per_step"),
         "loadavg_1m": float(np.mean([r.loadavg_1m for r in results])),
         "dropped_blocks": sum(r.dropped_blocks for r in results),
         "rewrites_per_min": sum(r.rewrites for r in results) / (sum(r.duration_s for r in results) / 60),
@@ -497,27 +519,30 @@ def _percent(errors: int, words: int) -> float | None:
 
 def configs_of(policies: str, frames: str, audio_ctx: str, steps: str, holds: str, commit_after: str,
                pause_steps: str, margins: str = "0", gaps: str = "0", beams: str = "1",
-               prompt_ts: str = str(int(StreamOptions.prompt_timestamps))) -> list[Config]:
+               prompt_ts: str = str(int(StreamOptions.prompt_timestamps)), drafts: str = "1") -> list[Config]:
     """Every (policy, AlignAtt frames, audio context, step, hold, pause commit, pause step, commit margin,
-    agreement gap, beams, prompt timestamps) combination, named like "alignatt-f25/auto/0.5/hold1/c0.5/pause1"
-    (frames only vary AlignAtt; a margin adds "/g0.5", a gap "/a1.0", beams "/b5", a prompt layout other than
-    the default's "/p0" or "/p1")."""
+    agreement gap, beams, prompt timestamps, drafts) combination, named like
+    "alignatt-f25/auto/0.5/hold1/c0.5/pause1" (frames only vary AlignAtt; a margin adds "/g0.5", a gap "/a1.0",
+    beams "/b5", a prompt layout other than the default's "/p0" or "/p1", decoding without drafts "/d0")."""
     configs = []
-    for policy, ctx, step, hold, after, pause, margin, gap, beam, stamped in itertools.product(
+    for policy, ctx, step, hold, after, pause, margin, gap, beam, stamped, draft in itertools.product(
             policies.split(","), audio_ctx.split(","), steps.split(","), holds.split(","), commit_after.split(","),
-            pause_steps.split(","), margins.split(","), gaps.split(","), beams.split(","), prompt_ts.split(",")):
+            pause_steps.split(","), margins.split(","), gaps.split(","), beams.split(","), prompt_ts.split(","),
+            drafts.split(",")):
         for f in frames.split(",") if policy == "alignatt" else [frames.split(",")[0]]:
             name = f"{policy}-f{int(f)}" if policy == "alignatt" else policy
             suffix = ((f"/g{float(margin)!r}" if float(margin) else "") + (f"/a{float(gap)!r}" if float(gap) else "")
                       + (f"/b{int(beam)}" if int(beam) > 1 else "")
-                      + (f"/p{int(stamped)}" if bool(int(stamped)) != StreamOptions.prompt_timestamps else ""))
+                      + (f"/p{int(stamped)}" if bool(int(stamped)) != StreamOptions.prompt_timestamps else "")
+                      + ("" if int(draft) else "/d0"))
             configs.append(Config(f"{name}/{ctx}/{float(step)!r}/hold{int(hold)}/c{float(after)!r}/pause{int(pause)}"
                                   f"{suffix}",
                                   StreamOptions(policy=policy, alignatt_frames=int(f), audio_ctx=ctx,
                                                 step_s=float(step), hold_steps=int(hold),
                                                 min_silence_commit_s=float(after), pause_step=bool(int(pause)),
                                                 commit_margin_s=float(margin), agree_gap_s=float(gap),
-                                                beam_size=int(beam), prompt_timestamps=bool(int(stamped)))))
+                                                beam_size=int(beam), prompt_timestamps=bool(int(stamped)),
+                                                draft=bool(int(draft)))))
     return configs
 
 
@@ -565,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-ts", default=str(int(StreamOptions.prompt_timestamps)),
                    help="StreamOptions.prompt_timestamps (1: the prompt's sentences between timestamps; 0: bare "
                         "text), comma-separated")
+    p.add_argument("--draft", default=str(int(StreamOptions.draft)),
+                   help="StreamOptions.draft (1: greedy decodes check the last hypothesis' tokens in batches), "
+                        "comma-separated 1,0")
     p.add_argument("--tail-s", type=float, default=3.0, help="silence replayed after each clip")
     p.add_argument("--source", choices=("replay", "system"), default="replay",
                    help="replay: ReplaySource at --speed; system: played into a private PulseAudio null sink and "
@@ -582,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--speed must be positive: latency needs a clock")
     try:
         configs = configs_of(args.policy, args.frames, args.audio_ctx, args.step, args.hold, args.commit_after,
-                             args.pause_step, args.margin, args.agree_gap, args.beam, args.prompt_ts)
+                             args.pause_step, args.margin, args.agree_gap, args.beam, args.prompt_ts, args.draft)
     except ValueError as exc:
         p.error(str(exc))
     clips = english_dev_clips()

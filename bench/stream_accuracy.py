@@ -43,7 +43,8 @@ def options_of(config: str):
     """"local-agreement" or "alignatt-f<frames>", then optionally "/s<seconds>" (step_s), "/c<seconds>"
     (min_silence_commit_s), "/pause0" or "/pause1" (pause_step), "/d<words>" (doubled_run_words, d0:
     None), "/g<seconds>" (commit_margin_s), "/a<seconds>" (agree_gap_s), "/b<beams>" (beam_size), "/p0" or
-    "/p1" (prompt_timestamps) and "/t<seconds>" (stall_s), as StreamOptions: "local-agreement/s0.5/a1.0"."""
+    "/p1" (prompt_timestamps), "/t<seconds>" (stall_s) and "/nodraft" (draft off), as StreamOptions:
+    "local-agreement/s0.5/a1.0"."""
     from aural.engine.live.streaming import StreamOptions
 
     policy, *extras = config.split("/")
@@ -55,6 +56,8 @@ def options_of(config: str):
             fields["min_silence_commit_s"] = float(extra[1:])
         elif extra.startswith("s"):
             fields["step_s"] = float(extra[1:])
+        elif extra == "nodraft":
+            fields["draft"] = False
         elif extra.startswith("d"):
             fields["doubled_run_words"] = int(extra[1:]) or None
         elif extra.startswith("g"):

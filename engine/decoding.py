@@ -66,6 +66,10 @@ class DecodingOptions:
         length_penalty: None ranks finished hypotheses by sum_logprob / length; a value alpha
             uses the Google NMT penalty ((5 + length) / 6) ** alpha (ref: openai-whisper MaximumLikelihoodRanker).
         best_of: above temperature 0, sample this many independent sequences and keep the best.
+        draft: tokens greedy decoding at temperature 0 expects to sample (a live stream's last hypothesis of
+            the same window): while the sampled tokens follow it, each decoder call also feeds up to
+            DRAFT_TOKENS of its next tokens and so checks them in one call. The result is the one without it
+            (up to rounding, see _Draft); only the number of decoder calls changes.
     """
 
     temperature: float = 0.0
@@ -83,6 +87,7 @@ class DecodingOptions:
     patience: float | None = None
     length_penalty: float | None = None
     best_of: int | None = None
+    draft: Sequence[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -371,9 +376,64 @@ def decode_window(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_
     return _decode_greedy(ctx, pre, options, stop)
 
 
+# Draft tokens a greedy decoder call may feed after the token it samples from: one call returns at most 8
+# logits rows (native/context.h, context::max_outputs), one after the sampled token and one after each draft
+# token.
+DRAFT_TOKENS = 7
+
+
+class _Draft:
+    """The tokens greedy decoding expects (DecodingOptions.draft) and the rows the last decoder call
+    computed ahead of the sampled tokens: ahead[i] is the decoder's output after the call's draft token i.
+    Such a row is used only when that token is the one sampled next, after every earlier one was: then the
+    call fed the same tokens at the same positions as calls of one token each would have, and ran the same
+    operations row by row (integer products, per-row norms and attention): on the CPU the same bits
+    (test_decoding.py; seen at the haswell and sse42 levels). A backend whose float products tile rows
+    otherwise rounds within the bound that test checks, and may then flip a near tie, as another CPU level
+    may. A row that does not follow the sampled tokens is dropped; the next call writes over the cells its
+    token left (kv-cache.h: a sequence forgets its cells at and after its first new position)."""
+
+    def __init__(self, tokens: Sequence[int] | None, timer: TokenTimer):
+        self.tokens = [int(t) for t in tokens or []]
+        self.timer = timer
+        self.ahead: list[tuple[int, np.ndarray]] = []
+
+    def next_tokens(self, sampled: list[int], room: int) -> list[int]:
+        """The draft's tokens after `sampled`, at most `room` of them, while the draft starts with `sampled`."""
+        n = len(sampled)
+        if room <= 0 or self.tokens[:n] != sampled:
+            return []
+        return self.tokens[n:n + min(room, DRAFT_TOKENS)]
+
+    def hold(self, tokens: list[int], rows: np.ndarray) -> None:
+        self.ahead = list(zip(tokens, rows))
+        self.timer.draft_tokens += len(tokens)
+
+    def row_after(self, token: int) -> np.ndarray | None:
+        """The row computed ahead after `token`, if the last call fed it next; else None (and the rest go)."""
+        if self.ahead and self.ahead[0][0] == token:
+            self.timer.draft_accepted += 1
+            return self.ahead.pop(0)[1]
+        self.ahead = []
+        return None
+
+
+def _feed(ctx, pre: _Prefill, sampled: list[int], draft: _Draft, n_past: int) -> np.ndarray:
+    """Feeds the last sampled token at n_past, and after it the draft's next tokens where the draft still
+    holds; returns the row after the sampled token."""
+    room = min(pre.capacity - n_past - 1, pre.sample_len - len(sampled) - 1)
+    guess = draft.next_tokens(sampled, room)
+    tokens = np.asarray([sampled[-1], *guess], dtype=np.int32)
+    rows = ctx.decode(tokens, n_past, list(range(tokens.size)) if guess else None)
+    pre.timer.add_call(ctx.last_timings)
+    draft.hold(guess, rows[1:])
+    return rows[0]
+
+
 def _decode_greedy(ctx, pre: _Prefill, options: DecodingOptions, stop: threading.Event | None) -> DecodingResult:
     sampler = _Sampler(options.temperature, options.seed)
-    row, n_past = pre.row, pre.n_past
+    draft = _Draft(options.draft if sampler.rng is None else None, pre.timer)
+    row, n_past = pre.row, pre.n_past  # n_past: positions holding the initial and the sampled tokens fed
     sampled: list[int] = []
     sum_logprob = 0.0
     looped = False
@@ -381,11 +441,11 @@ def _decode_greedy(ctx, pre: _Prefill, options: DecodingOptions, stop: threading
         if stop is not None and stop.is_set():
             break
         if step > 0:
-            if n_past >= pre.capacity:
+            ahead = draft.row_after(sampled[-1])
+            if ahead is None and n_past >= pre.capacity:
                 logger.debug("text context full after %s tokens", n_past)
                 break
-            row = ctx.decode(np.asarray(sampled[-1:], dtype=np.int32), n_past)[0]
-            pre.timer.add_call(ctx.last_timings)
+            row = ahead if ahead is not None else _feed(ctx, pre, sampled, draft, n_past)
             n_past += 1
         start = time.perf_counter()
         token, logprob = _step(row, sampled, pre.rules, sampler)

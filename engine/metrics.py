@@ -39,6 +39,8 @@ class TokenTimer:
             prompt: up to 224 previous-text tokens at once) rather than one sampled token per sequence.
         prefill_tokens: tokens those calls fed.
         prefill_compute_ms: their summed native compute time (part of compute_ms).
+        draft_tokens: draft tokens fed after a sampled token (DecodingOptions.draft; part of n_tokens).
+        draft_accepted: those whose rows gave the next sampled token: each saved a decode call.
     """
 
     n_calls: int = 0
@@ -52,6 +54,8 @@ class TokenTimer:
     prefill_calls: int = 0
     prefill_tokens: int = 0
     prefill_compute_ms: float = 0.0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
     def add_call(self, timings: Mapping[str, float], *, prefill: bool = False) -> None:
         """Adds one `Context.last_timings` dict; `prefill` marks a window's initial-sequence call."""

@@ -12,6 +12,7 @@ from aural import _native
 from aural.engine.audio import load_audio
 from aural.engine.models import store as models
 from aural.engine.decoding import (
+    DRAFT_TOKENS,
     DecodingOptions,
     build_logit_rules,
     compression_ratio,
@@ -23,6 +24,8 @@ from aural.engine.decoding import (
 )
 from aural.engine.features import N_SAMPLES, log_mel_spectrogram
 from aural.engine.text.tokenizer import WhisperTokenizer
+
+from conftest import gamma_f32
 
 N_VOCAB = 51864
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
@@ -295,6 +298,58 @@ def test_a_decode_that_repeats_itself_is_cut(tok):
     assert len(ctx.calls) < 448 // 4
 
 
+class PositionContext(FakeContext):
+    """A stand-in whose row after the token at position p favours 400 + p % 7 whatever the tokens: greedy
+    decoding writes 401, 402, ... (without timestamps), and a draft's rows are right only where it is."""
+
+    def decode(self, tokens, n_past, outputs=None):
+        self.calls.append((tokens.tolist(), n_past, outputs))
+        self.last_timings = {**self.last_timings, "n_tokens": len(tokens)}
+        rows = outputs if outputs else [len(tokens) - 1]
+        logits = np.zeros((len(rows), N_VOCAB), dtype=np.float32)
+        for i, k in enumerate(rows):
+            logits[i, 400 + (n_past + k) % 7] = 30.0
+        return logits
+
+
+def test_a_draft_is_fed_ahead_while_the_sampled_tokens_follow_it(tok):
+    options = DecodingOptions(without_timestamps=True, sample_len=20)
+    plain = decode_window(PositionContext(400), tok, options, 448)
+    assert plain.tokens[:3] == [401, 402, 403] and len(plain.tokens) == 20
+    draft = list(plain.tokens)
+    draft[9] = 999  # wrong from the tenth token on
+    ctx = PositionContext(400)
+    result = decode_window(ctx, tok, DecodingOptions(without_timestamps=True, sample_len=20, draft=draft), 448)
+    assert result.tokens == plain.tokens and result.sum_logprob == plain.sum_logprob
+    # After the prompt [sot, notimestamps]: the first token with the draft's next 7, then the ninth with
+    # the draft's 10th to 16th, of which only the first row is used; then one token a call.
+    assert ctx.calls[1] == ([401, *draft[1:8]], 2, list(range(8)))
+    assert ctx.calls[2] == ([draft[8], *draft[9:16]], 10, list(range(8)))
+    assert ctx.calls[3] == ([plain.tokens[9]], 11, None)  # written over the rejected draft's cells
+    assert all(fed[0] == plain.tokens[n_past - 2] for fed, n_past, _ in ctx.calls[1:])  # sampled token k at 2 + k
+    assert len(ctx.calls) == 1 + 2 + (20 - 10)
+    assert (result.timer.draft_tokens, result.timer.draft_accepted) == (14, 7)
+    assert result.timer.n_tokens == 2 + 8 + 8 + 10
+
+
+def test_a_draft_stops_at_the_sample_length_and_the_arena(tok):
+    truth = [400 + (k + 1) % 7 for k in range(40)]  # what greedy writes
+    ctx = PositionContext(400, capacity=12)  # 2 prompt tokens and 10 more
+    result = decode_window(ctx, tok, DecodingOptions(without_timestamps=True, draft=truth), 448)
+    assert result.tokens == truth[:11] and max(n + len(t) for t, n, _ in ctx.calls) == 12
+    ctx = PositionContext(400)
+    result = decode_window(ctx, tok, DecodingOptions(without_timestamps=True, sample_len=4, draft=truth), 448)
+    assert result.tokens == truth[:4] and ctx.calls[1][0] == truth[:3]  # the 4th is sampled, never fed
+    assert DRAFT_TOKENS == 7
+
+
+def test_sampling_and_beam_search_take_no_draft(tok):
+    for options in (DecodingOptions(without_timestamps=True, sample_len=5, temperature=0.5, seed=1, draft=[401] * 5),):
+        ctx = PositionContext(400)
+        result = decode_window(ctx, tok, options, 448)
+        assert result.timer.draft_tokens == 0 and all(len(t) == 1 for t, _, _ in ctx.calls[1:])
+
+
 @pytest.mark.parametrize(
     ("tokens", "looping"),
     [
@@ -383,3 +438,76 @@ def test_sampling_is_seeded(whisper_model, jfk_ctx):
     second = decode_window(jfk_ctx, tok, options, whisper_model.n_text_ctx)
     assert first.tokens == second.tokens and first.temperature == 1.0
     assert first.tokens[0] >= tok.timestamp_begin  # the timestamp rules hold when sampling too
+
+
+# -- drafts on the real model ----------------------------------------------------------------------
+
+# A batch of tokens runs the operations a one-token call runs, row by row: integer products (Aural's int8
+# kernels: the same int32 sums in any order), per-row norms and attention. Where a backend's float products
+# tile several rows differently, two orders of an n-term dot product differ by at most 2 gamma_n of the sum
+# of the terms' magnitudes (conftest.gamma_f32), 1.8e-4 for tiny.en's widest (1536 terms), carried through
+# 4 layers and their norms. TOLERANCE, relative to the largest logit, is 16 such bounds (observed on the
+# CPU at the haswell and sse42 levels: 0, the same bits); a token fed at the wrong position or a stale K/V
+# cell moves a row by a large part of its range.
+TOLERANCE = 16 * 2 * gamma_f32(4 * 384)
+
+
+def rows_one_by_one(ctx, initial: list[int], tokens: list[int]) -> np.ndarray:
+    ctx.decode(np.asarray(initial, dtype=np.int32), 0)
+    return np.stack([ctx.decode(np.asarray([t], dtype=np.int32), len(initial) + i)[0] for i, t in enumerate(tokens)])
+
+
+def test_rows_of_a_batch_are_those_of_one_token_calls(whisper_model, jfk_ctx):
+    tok = whisper_model.tokenizer
+    result = decode_window(jfk_ctx, tok, DecodingOptions(), whisper_model.n_text_ctx)
+    initial = initial_tokens(tok, DecodingOptions(), whisper_model.n_text_ctx)
+    single = rows_one_by_one(jfk_ctx, initial, result.tokens)
+    bound = TOLERANCE * np.abs(single).max()
+    for n in range(2, DRAFT_TOKENS + 2):
+        jfk_ctx.decode(np.asarray(initial, dtype=np.int32), 0)
+        batched = np.concatenate([
+            jfk_ctx.decode(np.asarray(result.tokens[k:k + n], dtype=np.int32), len(initial) + k,
+                           list(range(len(result.tokens[k:k + n]))))
+            for k in range(0, len(result.tokens), n)])
+        assert np.abs(batched - single).max() <= bound, n
+    shifted = jfk_ctx.decode(np.asarray(result.tokens[:4], dtype=np.int32), len(initial) + 1, list(range(4)))
+    assert np.abs(shifted - single[:4]).max() > 10 * bound  # one position off is far outside it
+
+
+def certain_prefix(ctx, tok, options: DecodingOptions, n_text_ctx: int, tokens: list[int], bound: float) -> int:
+    """How many of greedy's `tokens` no rounding within `bound` could change: up to the first step whose
+    best filtered logit leads the next by 2 bounds or less."""
+    initial = initial_tokens(tok, options, n_text_ctx)
+    rows = rows_one_by_one(ctx, initial, tokens[:-1])
+    rule = build_logit_rules(tok, options, N_VOCAB)
+    for i, row in enumerate(rows):
+        top = np.sort(rule.apply(row, tokens[:i + 1]))[-2:]
+        if top[1] - top[0] <= 2 * bound:
+            return i + 1
+    return len(tokens)
+
+
+def test_a_draft_changes_the_calls_not_the_tokens(whisper_model, jfk_ctx, jfk_wav):
+    tok, n_text_ctx = whisper_model.tokenizer, whisper_model.n_text_ctx
+    plain = decode_window(jfk_ctx, tok, DecodingOptions(), n_text_ctx)
+    # A live stream's draft: the hypothesis of the first 7 s of the clip, which ends sooner and otherwise.
+    early = whisper_model.new_session()
+    samples = load_audio(jfk_wav)[:7 * 16000]
+    early.encode(np.ascontiguousarray(log_mel_spectrogram(samples, whisper_model.n_mels,
+                                                          filters=whisper_model.mel_filters,
+                                                          padding=N_SAMPLES - samples.size)))
+    partial = decode_window(early, tok, DecodingOptions(), n_text_ctx).tokens
+    assert partial != plain.tokens[:len(partial)] or len(partial) < len(plain.tokens)
+    bound = TOLERANCE * 40.0  # tiny.en's logits stay under 40 on this window
+    # 15: the 16th token is a choice between two timestamps 0.04 s apart whose logits are 0.2 apart.
+    sure = certain_prefix(jfk_ctx, tok, DecodingOptions(), n_text_ctx, plain.tokens, bound)
+    assert sure >= 10
+    for draft in (plain.tokens, partial, list(reversed(plain.tokens))):
+        result = decode_window(jfk_ctx, tok, DecodingOptions(draft=draft), n_text_ctx)
+        assert result.tokens[:sure] == plain.tokens[:sure]
+        if result.tokens == plain.tokens:
+            assert result.sum_logprob == pytest.approx(plain.sum_logprob, abs=len(plain.tokens) * bound)
+        calls = result.timer.n_calls
+        assert calls == plain.timer.n_calls - result.timer.draft_accepted
+    own = decode_window(jfk_ctx, tok, DecodingOptions(draft=plain.tokens), n_text_ctx)
+    assert own.timer.n_calls <= 2 + len(plain.tokens) // (DRAFT_TOKENS + 1)  # the prompt, then 8 tokens a call

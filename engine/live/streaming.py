@@ -137,10 +137,12 @@ class Metrics:
         rtf: processing time over audio advanced, across the last `StreamOptions.rtf_steps` steps.
         rtf_mean: the same over the whole stream so far.
         encoder_ms: native encoder time of this step.
-        n_tokens: decoder calls of this step (one per token; the prompt batch counts once).
-        decode_ms_per_token: decoder wall per call: compute + KV/IO + logits read-back + sampling.
-        compute_ms_per_token: native graph compute per call.
-        kv_io_ms_per_token: host<->device KV traffic per call (0 with the KV arena on the device).
+        n_tokens: decoder calls of this step (one per token; the prompt batch counts once, and so does a call
+            that also fed draft tokens: see draft_accepted).
+        decode_ms_per_token: decoder wall per token the calls gave (n_tokens + draft_accepted): compute +
+            KV/IO + logits read-back + sampling.
+        compute_ms_per_token: native graph compute per token, as above.
+        kv_io_ms_per_token: host<->device KV traffic per token (0 with the KV arena on the device).
         kv_tokens: KV arena cells in use after this step.
         kv_capacity_tokens: tokens one sequence can hold (the model's text context, 448 for Whisper).
         kv_mib: MiB of KV those cells occupy; with `kv_paged`, of the pool blocks the session holds.
@@ -162,6 +164,8 @@ class Metrics:
         kv_mode: "device" or "host".
         fallback_ops: ops the primary backend could not run (scheduled elsewhere).
         peak_rss_mb: peak resident memory of the process.
+        draft_tokens: tokens of the previous hypothesis this step's calls fed ahead (DecodingOptions.draft).
+        draft_accepted: those the step sampled: each saved a decoder call.
     """
 
     audio_s: float
@@ -193,6 +197,8 @@ class Metrics:
     dropped_by_input: tuple[int, ...] = ()
     kv_paged: bool = False
     kv_pool_used_mib: float = 0.0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
     @property
     def kv_held_mib(self) -> float:
@@ -319,6 +325,9 @@ class StreamOptions:
         hold_steps: steps a shown tentative word is kept on screen when a new hypothesis changes it; it
             changes once that many hypotheses in a row disagree with it, so a word that flips back and
             forth stays put (0: every partial shows the latest hypothesis as it is).
+        draft: a greedy decode of the window the last decode read (same start, language and prompt)
+            feeds the last hypothesis' tokens ahead in batches and keeps those it samples (DecodingOptions.
+            draft): the same hypothesis in fewer decoder calls. Off only to measure what it saves.
         rtf_steps: steps the running RTF averages over.
         vad: the speech gate's hysteresis.
         audio_ctx: "auto" encodes only the mel frames the window needs (its length plus
@@ -359,6 +368,7 @@ class StreamOptions:
     policy: str = "local-agreement"
     alignatt_frames: int = 25
     hold_steps: int = 1
+    draft: bool = True
     rtf_steps: int = 10
     vad: VadOptions = field(default_factory=VadOptions)
     audio_ctx: str = "auto"
@@ -787,6 +797,9 @@ class _Stream:
         self.commit_lag_s: float | None = None  # of the latest commit (see Metrics)
         self.dropped_blocks = 0
         self.dropped_by_input: tuple[int, ...] = ()
+        # ((window start, language, prompt), tokens) of the last decode: the next decode of the same window
+        # with the same start sequence checks those tokens in batches (DecodingOptions.draft).
+        self.last_decode: tuple[tuple, list[int]] | None = None
 
     @property
     def ctx(self):
@@ -917,11 +930,9 @@ class _Stream:
                 # Text in another language as the prompt makes Whisper write in that language (base wrote
                 # JFK in Chinese after a Chinese utterance): the new utterance starts without it.
                 self.prompt_from = len(self.committed) - self.in_window
-        sample_len = _TOKENS_SLACK + math.ceil(_TOKENS_PER_S * self.audio.size / SAMPLE_RATE)
-        options = DecodingOptions(language=self.language, prompt=self._prompt() or None, without_timestamps=False,
-                                  sample_len=min(sample_len, self.model.n_text_ctx // 2),
-                                  beam_size=o.beam_size if o.beam_size > 1 else None)
+        options, start = self._decoding_options()
         result = decode_window(self.ctx, self.model.tokenizer, options, self.model.n_text_ctx)
+        self.last_decode = (start, result.tokens)
         self.decoded_upto = self.total
         self.fresh_speech = False
         if self._rejected(result):
@@ -934,6 +945,20 @@ class _Stream:
         if hyp.words and self.silence_from is not None and self.silence_from > self.window_start:
             self._mark_pause(hyp.words)
         return hyp, result
+
+    def _decoding_options(self) -> tuple[DecodingOptions, tuple]:
+        """This decode's options, with the last hypothesis as the draft where it starts as the last decode
+        did; and that start (window start, language, prompt)."""
+        o = self.options
+        sample_len = _TOKENS_SLACK + math.ceil(_TOKENS_PER_S * self.audio.size / SAMPLE_RATE)
+        prompt = self._prompt()
+        start = (self.window_start, self.language, tuple(prompt))
+        same_start = o.draft and self.last_decode is not None and self.last_decode[0] == start
+        options = DecodingOptions(language=self.language, prompt=prompt or None, without_timestamps=False,
+                                  sample_len=min(sample_len, self.model.n_text_ctx // 2),
+                                  beam_size=o.beam_size if o.beam_size > 1 else None,
+                                  draft=self.last_decode[1] if same_start else None)
+        return options, start
 
     def _heard_words(self, result: DecodingResult) -> int:
         """How many of the hypothesis' words (committed ones in the window included) the decoder wrote from
@@ -1118,7 +1143,7 @@ class _Stream:
     def metrics(self, step_s: float = 0.0, timer: TokenTimer | None = None) -> Metrics:
         """The costs so far, with `timer` as this step's decoder calls."""
         stats, timer = self.ctx.stats, timer or TokenTimer()
-        calls = max(1, timer.n_calls)
+        given = max(1, timer.n_calls + timer.draft_accepted)  # tokens the calls gave: one each, and the drafts kept
         kv_used = int(stats.get("kv_used_tokens", 0))
         arena_mib = stats.get("kv_bytes", 0) / 2**20
         kv_mib = kv_used * arena_mib / max(1, stats.get("kv_cells", 1))
@@ -1132,8 +1157,8 @@ class _Stream:
             step_ms=step_s * 1000, rtf=busy / audio if audio else 0.0,
             rtf_mean=self.busy_s / audio_s if audio_s else 0.0,
             encoder_ms=float(self.ctx.last_encode.get("encoder_ms", 0.0)), n_tokens=timer.n_calls,
-            decode_ms_per_token=(timer.compute_ms + timer.kv_io_ms + timer.logits_ms + timer.sampling_ms) / calls,
-            compute_ms_per_token=timer.compute_ms / calls, kv_io_ms_per_token=timer.kv_io_ms / calls,
+            decode_ms_per_token=(timer.compute_ms + timer.kv_io_ms + timer.logits_ms + timer.sampling_ms) / given,
+            compute_ms_per_token=timer.compute_ms / given, kv_io_ms_per_token=timer.kv_io_ms / given,
             kv_tokens=kv_used, kv_capacity_tokens=int(stats.get("kv_capacity_tokens", 0)), kv_mib=kv_mib,
             kv_capacity_mib=arena_mib, graph_builds=int(stats.get("graph_builds", 0)),
             graph_reuses=int(stats.get("graph_reuses", 0)), first_partial_s=self.first_partial_s,
@@ -1141,7 +1166,7 @@ class _Stream:
             dropped_blocks=self.dropped_blocks, rewrites=self.display.rewrites, backend=self.model.backend, device=self.model.device,
             kv_mode=self.kv_mode, fallback_ops=tuple(self.ctx.backend_report.get("fallback_ops", ())),
             peak_rss_mb=peak_rss_mb(), dropped_by_input=self.dropped_by_input, kv_paged=pool is not None,
-            kv_pool_used_mib=pool_used_mib,
+            kv_pool_used_mib=pool_used_mib, draft_tokens=timer.draft_tokens, draft_accepted=timer.draft_accepted,
         )
 
 
