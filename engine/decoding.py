@@ -380,6 +380,8 @@ def decode_window(ctx, tokenizer: WhisperTokenizer, options: DecodingOptions, n_
 # logits rows (native/context.h, context::max_outputs), one after the sampled token and one after each draft
 # token.
 DRAFT_TOKENS = 7
+# Sampled tokens that, found in a row in the draft, pick it up again after a token it did not foresee.
+DRAFT_LOOKUP = 2
 
 
 class _Draft:
@@ -397,13 +399,27 @@ class _Draft:
         self.tokens = [int(t) for t in tokens or []]
         self.timer = timer
         self.ahead: list[tuple[int, np.ndarray]] = []
+        self.at = 0  # index in `tokens` of the last guess' first token: later guesses come from after it
 
     def next_tokens(self, sampled: list[int], room: int) -> list[int]:
-        """The draft's tokens after `sampled`, at most `room` of them, while the draft starts with `sampled`."""
-        n = len(sampled)
-        if room <= 0 or self.tokens[:n] != sampled:
+        """At most `room` draft tokens to feed after `sampled`: those after it while the draft starts with
+        it; else those after the next place, from the last guess on, where the draft has the last
+        DRAFT_LOOKUP sampled tokens in a row. So after a token it did not foresee (a timestamp 0.2 s later,
+        a word spelt otherwise) the draft is picked up where it goes on as sampled (as prompt lookup
+        decoding looks up the last tokens in the prompt, Saxena 2023). None when it has no such place."""
+        n, tail = len(sampled), sampled[-DRAFT_LOOKUP:]
+        if room <= 0 or not self.tokens:
             return []
-        return self.tokens[n:n + min(room, DRAFT_TOKENS)]
+        if self.tokens[:n] == sampled:
+            start = n
+        else:
+            ends = (e for e in range(max(self.at, len(tail)), len(self.tokens))
+                    if self.tokens[e - len(tail):e] == tail)
+            start = next(ends, None)
+            if start is None:
+                return []
+        self.at = start
+        return self.tokens[start:start + min(room, DRAFT_TOKENS)]
 
     def hold(self, tokens: list[int], rows: np.ndarray) -> None:
         self.ahead = list(zip(tokens, rows))

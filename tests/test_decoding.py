@@ -299,8 +299,8 @@ def test_a_decode_that_repeats_itself_is_cut(tok):
 
 
 class PositionContext(FakeContext):
-    """A stand-in whose row after the token at position p favours 400 + p % 7 whatever the tokens: greedy
-    decoding writes 401, 402, ... (without timestamps), and a draft's rows are right only where it is."""
+    """A stand-in whose row after the token at position p favours 400 + 7 p % 101 whatever the tokens: greedy
+    decoding writes 407, 414, ... (without timestamps), and a draft's rows are right only where it is."""
 
     def decode(self, tokens, n_past, outputs=None):
         self.calls.append((tokens.tolist(), n_past, outputs))
@@ -308,32 +308,33 @@ class PositionContext(FakeContext):
         rows = outputs if outputs else [len(tokens) - 1]
         logits = np.zeros((len(rows), N_VOCAB), dtype=np.float32)
         for i, k in enumerate(rows):
-            logits[i, 400 + (n_past + k) % 7] = 30.0
+            logits[i, 400 + 7 * (n_past + k) % 101] = 30.0
         return logits
 
 
 def test_a_draft_is_fed_ahead_while_the_sampled_tokens_follow_it(tok):
     options = DecodingOptions(without_timestamps=True, sample_len=20)
     plain = decode_window(PositionContext(400), tok, options, 448)
-    assert plain.tokens[:3] == [401, 402, 403] and len(plain.tokens) == 20
-    draft = list(plain.tokens)
-    draft[9] = 999  # wrong from the tenth token on
+    assert plain.tokens[:3] == [407, 414, 421] and len(plain.tokens) == 20
+    s = plain.tokens
+    draft = list(s)
+    draft[9] = 999  # one token it did not foresee
     ctx = PositionContext(400)
     result = decode_window(ctx, tok, DecodingOptions(without_timestamps=True, sample_len=20, draft=draft), 448)
-    assert result.tokens == plain.tokens and result.sum_logprob == plain.sum_logprob
-    # After the prompt [sot, notimestamps]: the first token with the draft's next 7, then the ninth with
-    # the draft's 10th to 16th, of which only the first row is used; then one token a call.
-    assert ctx.calls[1] == ([401, *draft[1:8]], 2, list(range(8)))
-    assert ctx.calls[2] == ([draft[8], *draft[9:16]], 10, list(range(8)))
-    assert ctx.calls[3] == ([plain.tokens[9]], 11, None)  # written over the rejected draft's cells
-    assert all(fed[0] == plain.tokens[n_past - 2] for fed, n_past, _ in ctx.calls[1:])  # sampled token k at 2 + k
-    assert len(ctx.calls) == 1 + 2 + (20 - 10)
-    assert (result.timer.draft_tokens, result.timer.draft_accepted) == (14, 7)
-    assert result.timer.n_tokens == 2 + 8 + 8 + 10
+    assert result.tokens == s and result.sum_logprob == plain.sum_logprob
+    assert ctx.calls[1:] == [
+        ([s[0], *draft[1:8]], 2, list(range(8))),  # after the prompt [sot, notimestamps]: the first token and 7
+        ([s[8], *draft[9:16]], 10, list(range(8))),  # the ninth and 7, of which only the ninth's row is used
+        ([s[9]], 11, None),  # over the cell of the draft's 10th: one token a call,
+        ([s[10]], 12, None),
+        ([s[11], *draft[12:19]], 13, list(range(8))),  # until the last two sampled are the draft's 11th and 12th
+    ]
+    assert (result.timer.draft_tokens, result.timer.draft_accepted) == (21, 14)
+    assert result.timer.n_tokens == 2 + 8 + 8 + 1 + 1 + 8 and result.timer.n_calls == 6
 
 
 def test_a_draft_stops_at_the_sample_length_and_the_arena(tok):
-    truth = [400 + (k + 1) % 7 for k in range(40)]  # what greedy writes
+    truth = [400 + 7 * (k + 1) % 101 for k in range(40)]  # what greedy writes
     ctx = PositionContext(400, capacity=12)  # 2 prompt tokens and 10 more
     result = decode_window(ctx, tok, DecodingOptions(without_timestamps=True, draft=truth), 448)
     assert result.tokens == truth[:11] and max(n + len(t) for t, n, _ in ctx.calls) == 12
@@ -343,11 +344,11 @@ def test_a_draft_stops_at_the_sample_length_and_the_arena(tok):
     assert DRAFT_TOKENS == 7
 
 
-def test_sampling_and_beam_search_take_no_draft(tok):
-    for options in (DecodingOptions(without_timestamps=True, sample_len=5, temperature=0.5, seed=1, draft=[401] * 5),):
-        ctx = PositionContext(400)
-        result = decode_window(ctx, tok, options, 448)
-        assert result.timer.draft_tokens == 0 and all(len(t) == 1 for t, _, _ in ctx.calls[1:])
+def test_sampling_takes_no_draft(tok):
+    ctx = PositionContext(400)
+    options = DecodingOptions(without_timestamps=True, sample_len=5, temperature=0.5, seed=1, draft=[407] * 5)
+    result = decode_window(ctx, tok, options, 448)
+    assert result.timer.draft_tokens == 0 and all(len(fed) == 1 for fed, _, _ in ctx.calls[1:])
 
 
 @pytest.mark.parametrize(
