@@ -1240,6 +1240,8 @@ def test_metrics_panel_shows_each_number_and_warns_about_cpu_fallback(qtbot):
     assert panel.value_text("dropped") == "0"
     assert panel.value_text("backend") == "CUDA / CUDA0 · KV on device"
     assert panel.fallback_text() == "" and panel.plotted_tokens() == 12
+    panel.set_metrics(_metrics(n_tokens=5, draft_tokens=9, draft_accepted=7))  # 5 calls gave 12 tokens
+    assert panel.plotted_tokens() == 24
     panel.set_metrics(_metrics(fallback_ops=("ROPE", "CONV_1D"), n_tokens=400))
     assert "ROPE, CONV_1D" in panel.fallback_text()
     assert panel.plotted_tokens() == 300
