@@ -83,10 +83,12 @@ class SingleInstance(QObject):
         try:
             if self._hand_over(paths):
                 return False
-            self._listen()
-            return True
+            listening = self._listen()
         finally:
             lock.unlock()
+        if listening:  # said once the lock is free: a launch that reads this finds the app alone
+            logger.info("serving later launches at %s", self.path)
+        return True
 
     def _hand_over(self, paths: Sequence[str]) -> bool:
         """True when a running app took `paths`; False when none answers the connection."""
@@ -105,12 +107,13 @@ class SingleInstance(QObject):
                                "try again.")
         return True
 
-    def _listen(self) -> None:
+    def _listen(self) -> bool:
         QLocalServer.removeServer(str(self.path))  # nothing answered there: a killed app's socket, if any
         if self._server.listen(str(self.path)):
-            logger.info("serving later launches at %s", self.path)
-        else:  # the app still works, only not as the one instance
-            logger.warning("cannot serve later launches at %s: %s", self.path, self._server.errorString())
+            return True
+        # The app still works, only not as the one instance.
+        logger.warning("cannot serve later launches at %s: %s", self.path, self._server.errorString())
+        return False
 
     # -- the server side --
 

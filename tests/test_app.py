@@ -124,7 +124,7 @@ def running_threads(*owners) -> list[QThread]:
     return [t for owner in owners for t in worker_threads(owner) if t.isRunning()]
 
 
-APP_LOG_SERVING = "serving later launches at"  # app.instance's INFO line once the app is the one instance
+APP_LOG_SERVING = "serving later launches at"  # app.instance's INFO line once the app is the one instance, its lock free
 
 
 def app_env(tmp_path, **changes) -> dict[str, str]:
