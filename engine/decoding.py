@@ -406,7 +406,7 @@ class _Draft:
         it; else those after the next place, from the last guess on, where the draft has the last
         DRAFT_LOOKUP sampled tokens in a row. So after a token it did not foresee (a timestamp 0.2 s later,
         a word spelt otherwise) the draft is picked up where it goes on as sampled (as prompt lookup
-        decoding looks up the last tokens in the prompt, Saxena 2023). None when it has no such place."""
+        decoding looks up the last tokens in the prompt, Saxena 2023). Nothing where it has no such place."""
         n, tail = len(sampled), sampled[-DRAFT_LOOKUP:]
         if room <= 0 or not self.tokens:
             return []
