@@ -310,8 +310,7 @@ def _add_costs(result: ClipResult, metrics: list[Metrics]) -> None:
         result.step_ms = float(np.mean([m.step_ms for m in decoded]))
         result.tokens_per_step = float(np.mean([m.n_tokens for m in decoded]))
         result.decode_ms_per_token = float(np.mean([m.decode_ms_per_token for m in decoded]))
-        result.decode_ms_per_step = float(np.mean([m.decode_ms_per_token * (m.n_tokens + m.draft_accepted)
-                                                   for m in decoded]))
+        result.decode_ms_per_step = float(np.mean([m.decode_ms_per_token * m.tokens_given for m in decoded]))
         result.draft_fed_per_step = float(np.mean([m.draft_tokens for m in decoded]))
         result.draft_kept_per_step = float(np.mean([m.draft_accepted for m in decoded]))
 

@@ -43,7 +43,7 @@ for event in stream.feed(audio):
     if isinstance(event, Metrics):
         now = (stream.frames_encoded, stream.tokens_decoded)
         chunks.append({"audio_s": event.audio_s, "step_ms": event.step_ms, "encoder_ms": event.encoder_ms,
-                       "decode_ms": event.decode_ms_per_token * event.n_tokens, "frames": now[0] - before[0],
+                       "decode_ms": event.decode_ms_per_token * event.tokens_given, "frames": now[0] - before[0],
                        "tokens": now[1] - before[1]})
         before = now
 print(json.dumps(chunks))

@@ -118,10 +118,9 @@ class MetricsPanel(QWidget):
         for key, (_, show) in _ROWS.items():
             self._values[key].setText(show(metrics))
         self._set_fallback(metrics.fallback_ops)
-        tokens = metrics.n_tokens + metrics.draft_accepted  # the per-token figures are per token the calls gave
-        if tokens:
-            self._compute.extend([metrics.compute_ms_per_token] * tokens)
-            self._kv_io.extend([metrics.kv_io_ms_per_token] * tokens)
+        if metrics.tokens_given:
+            self._compute.extend([metrics.compute_ms_per_token] * metrics.tokens_given)
+            self._kv_io.extend([metrics.kv_io_ms_per_token] * metrics.tokens_given)
             self._compute_curve.setData(np.fromiter(self._compute, float))
             self._kv_io_curve.setData(np.fromiter(self._kv_io, float))
 

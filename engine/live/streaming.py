@@ -201,6 +201,12 @@ class Metrics:
     draft_accepted: int = 0
 
     @property
+    def tokens_given(self) -> int:
+        """Tokens this step's decoder calls gave, which the per-token figures are per: one a call, and each
+        draft token kept."""
+        return self.n_tokens + self.draft_accepted
+
+    @property
     def kv_held_mib(self) -> float:
         """MiB of KV memory the session keeps from others: its pool blocks, or its whole own arena."""
         return self.kv_mib if self.kv_paged else self.kv_capacity_mib
