@@ -5,7 +5,8 @@ Variants as in encoder_ab.py (`name=PYTHON[,VAR=VALUE...]`). Every round starts 
 in order; each loads the model, warms up on JFK, then transcribes the sonnet (53 s: three windows; or the
 `--clip` given) once greedy and once with beam 5, with 30 s windows (1500 audio positions for the
 cross-attention), and reports the native compute time per decoder call (`Timings.compute_ms`), the same per
-sampling step with the prefill calls left out (`Timings.step_compute_ms`), the calls and the text (a check
+sampling step with the prefill calls left out (`Timings.step_compute_ms`), the mean prefill call
+(`Timings.prefill_ms`, with its tokens), the calls and the text (a check
 that the variants agree). Writes bench/results/<name>.json and .md (median / min, and the
 median of per-round ratios to the first variant).
 
@@ -16,6 +17,7 @@ median of per-round ratios to the first variant).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -42,7 +44,9 @@ for beam in (1, 5):
     result = transcribe(model, source, TranscribeOptions(beam_size=beam, audio_ctx="full"))
     text = "".join(s.text for s in result).strip()
     t = result.timings
-    out[f"beam{beam}"] = {"compute_ms": t.compute_ms, "step_ms": t.step_compute_ms, "calls": t.n_decode_calls, "wall_s": t.wall_s, "text": text}
+    out[f"beam{beam}"] = {"compute_ms": t.compute_ms, "step_ms": t.step_compute_ms, "prefill_ms": t.prefill_ms,
+                          "prefill_tokens": t.prefill_tokens, "calls": t.n_decode_calls, "wall_s": t.wall_s,
+                          "text": text}
 print(json.dumps(out))
 """
 MODES = ("beam1", "beam5")
@@ -78,15 +82,21 @@ def main(argv: list[str] | None = None) -> int:
             same = all(a[mode]["text"] == b[mode]["text"] for a, b in zip(runs[name], runs[first]))
             wall = statistics.median(run[mode]["wall_s"] for run in runs[name])
             step = statistics.median(run[mode].get("step_ms", float("nan")) for run in runs[name])
-            summary[name][mode] = {"median_ms": statistics.median(ms), "min_ms": min(ms),
-                                   "step_ms_median": step, "ratio_to_first": statistics.median(ratios),
-                                   "same_text": same}
+            prefill = statistics.median(run[mode].get("prefill_ms", float("nan")) for run in runs[name])
+            prefill_tokens = statistics.median(run[mode].get("prefill_tokens", float("nan")) for run in runs[name])
+            prefill_ratio = statistics.median(a[mode].get("prefill_ms", math.nan) / b[mode].get("prefill_ms", math.nan)
+                                              for a, b in zip(runs[name], runs[first]))
+            summary[name][mode] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "step_ms_median": step,
+                                   "prefill_ms_median": prefill, "prefill_ratio": prefill_ratio,
+                                   "ratio_to_first": statistics.median(ratios), "same_text": same}
             rows.append([name, mode, f"{statistics.median(ms):.2f}", f"{min(ms):.2f}",
-                         f"{statistics.median(ratios):.2f}", f"{step:.2f}", f"{wall:.2f}", "yes" if same else "no"])
+                         f"{statistics.median(ratios):.2f}", f"{step:.2f}", f"{prefill:.1f} ({prefill_tokens:.0f})",
+                         f"{prefill_ratio:.2f}",
+                         f"{wall:.2f}", "yes" if same else "no"])
     meta = {**machine_info(), "threads": args.threads, "rounds": args.rounds, "loadavg_per_round": loads,
             "clip": args.clip.name, "model": args.model or "tiny.en", "note": args.note}
     table = md_table(["variant", "mode", "compute ms/call median", "min", f"× {first} (per-round median)",
-                      "step compute ms (prefill apart)",
+                      "step compute ms (prefill apart)", "prefill ms (tokens)", f"prefill × {first}",
                       "transcription s (median)", f"same text as {first}"], rows)
     write_results(args.name, meta, summary, "Decoder A/B", f"{args.rounds} interleaved rounds, {args.threads} "
                   f"threads, {args.model or 'tiny.en'}, {args.clip.name} with 30 s windows (1500 audio positions)", table)

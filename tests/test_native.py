@@ -436,6 +436,40 @@ def test_align_returns_normalised_head_weights_and_teacher_forced_logits(native_
         ctx.align(np.array(tokens, dtype=np.int32), [(9, 0)])
 
 
+def test_the_last_layer_runs_on_the_output_rows_alone_with_the_same_logits(tiny_gguf, jfk_mel, monkeypatch):
+    """A step whose rows are not all outputs (a prompt) runs its last layer, past the K/V it writes, on the
+    output rows alone (graph.cpp). Aural's CPU kernels sum each row on its own (int8 products with exact int32
+    sums, per-row norms and attention), so the logits are the same bits as with every row through that layer
+    (AURAL_NO_OUTPUT_ROWS=1), and so are the next step's, which reads the K/V the prompt left. Without the int8
+    kernels ggml's products may round differently per batch size: then the bound of the pieces test below."""
+    models = {}
+    for every_row in ("0", "1"):
+        monkeypatch.setenv("AURAL_NO_OUTPUT_ROWS", every_row)
+        models[every_row] = _native.Model(str(tiny_gguf))
+    tokens = [SOT, NO_TIMESTAMPS] + argmax_tokens(_native.Context(models["0"]), jfk_mel)
+    assert len(tokens) > 20
+    prompt = np.array(tokens[:-1], dtype=np.int32)
+    results = {}
+    for every_row, model in models.items():
+        ctx = _native.Context(model)
+        ctx.encode(np.ascontiguousarray(jfk_mel))
+        rows = [ctx.decode(prompt, 0), ctx.decode(prompt[:9], 0, np.array([8, 0, 3], dtype=np.int32))]
+        ctx.decode(prompt, 0)  # the arena as the whole prompt left it, then the next token
+        rows.append(ctx.decode(np.array(tokens[-1:], dtype=np.int32), len(prompt)))
+        results[every_row] = rows
+    for got, expected in zip(results["0"], results["1"]):
+        assert got.shape == expected.shape
+        if models["0"].int8:
+            assert np.array_equal(got, expected)
+        else:
+            assert (np.argmax(got, axis=-1) == np.argmax(expected, axis=-1)).all()
+            np.testing.assert_allclose(got, expected, rtol=0, atol=5e-3 * np.abs(expected).max())
+    # The rows asked for, in the order asked: each predicts the greedy token that followed it.
+    first, picked = results["0"][0], results["0"][1]
+    assert int(np.argmax(first[-1])) == tokens[-1]
+    assert [int(np.argmax(picked[0])), int(np.argmax(picked[2]))] == [tokens[9], tokens[4]]
+
+
 def test_a_batch_decoded_in_pieces_equals_one_graph(tiny_gguf, jfk_mel, monkeypatch):
     """A batch longer than max_ubatch runs as several graphs (Vulkan caps them at 31 tokens: backend.h
     decoder_ubatch_limit); the pieces give one graph's logits and alignment weights. The bound is the one of
