@@ -17,7 +17,6 @@ median of per-round ratios to the first variant).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -81,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             ratios = [a[mode]["compute_ms"] / b[mode]["compute_ms"] for a, b in zip(runs[name], runs[first])]
             same = all(a[mode]["text"] == b[mode]["text"] for a, b in zip(runs[name], runs[first]))
             wall = statistics.median(run[mode]["wall_s"] for run in runs[name])
-            step = statistics.median(run[mode].get("step_ms", float("nan")) for run in runs[name])
-            prefill = statistics.median(run[mode].get("prefill_ms", float("nan")) for run in runs[name])
-            prefill_tokens = statistics.median(run[mode].get("prefill_tokens", float("nan")) for run in runs[name])
-            prefill_ratio = statistics.median(a[mode].get("prefill_ms", math.nan) / b[mode].get("prefill_ms", math.nan)
+            nan = float("nan")  # a figure older workers did not report
+            step, prefill, prefill_tokens = (statistics.median(run[mode].get(key, nan) for run in runs[name])
+                                             for key in ("step_ms", "prefill_ms", "prefill_tokens"))
+            prefill_ratio = statistics.median(a[mode].get("prefill_ms", nan) / b[mode].get("prefill_ms", nan)
                                               for a, b in zip(runs[name], runs[first]))
             summary[name][mode] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "step_ms_median": step,
                                    "prefill_ms_median": prefill, "prefill_ratio": prefill_ratio,

@@ -13,6 +13,13 @@ from aural import _native  # noqa: I001
 EOT, SOT, NO_TIMESTAMPS = 50256, 50257, 50362  # tiny.en special tokens
 
 
+def assert_same_logits(row, expected):
+    """One row of logits against another where ggml's products may round differently (per batch size, per
+    cell order): the same best token, within 5e-3 of the largest logit."""
+    assert np.argmax(row) == np.argmax(expected)
+    np.testing.assert_allclose(row, expected, rtol=0, atol=5e-3 * np.abs(expected).max())
+
+
 @pytest.fixture(scope="module")
 def native_model(tiny_gguf):
     return _native.Model(str(tiny_gguf))
@@ -384,18 +391,14 @@ def test_sequences_share_the_prompt_and_reorder_moves_no_kv(tiny_gguf, jfk_mel, 
     def alone(tokens):
         return lone.decode(np.array(prompt + tokens, dtype=np.int32), 0)[0]
 
-    def assert_same(row, expected):
-        assert np.argmax(row) == np.argmax(expected)
-        np.testing.assert_allclose(row, expected, rtol=0, atol=5e-3 * np.abs(expected).max())
-
     for lane, token in enumerate(first):
-        assert_same(rows[lane], alone([token]))
+        assert_same_logits(rows[lane], alone([token]))
     # Lanes 0 and 1 continue old lane 2, lane 2 continues old lane 0.
     ctx.reorder([2, 2, 0])
     rows = ctx.decode(np.array([616, 262, 616], dtype=np.int32), 3, [0, 1, 2], [0, 1, 2])  # " my", " the"
-    assert_same(rows[0], alone([523, 616]))
-    assert_same(rows[1], alone([523, 262]))
-    assert_same(rows[2], alone([843, 616]))
+    assert_same_logits(rows[0], alone([523, 616]))
+    assert_same_logits(rows[1], alone([523, 262]))
+    assert_same_logits(rows[2], alone([843, 616]))
     stats = ctx.stats
     assert stats["reorders"] == 2 and stats["kv_io_bytes_total"] == 0 and stats["n_seq"] == 3
     # The prompt's 2 cells are shared by all lanes: 2 + 3 first tokens (one orphaned by the reorder
@@ -462,8 +465,8 @@ def test_the_last_layer_runs_on_the_output_rows_alone_with_the_same_logits(tiny_
         if models["0"].int8:
             assert np.array_equal(got, expected)
         else:
-            assert (np.argmax(got, axis=-1) == np.argmax(expected, axis=-1)).all()
-            np.testing.assert_allclose(got, expected, rtol=0, atol=5e-3 * np.abs(expected).max())
+            for row, expected_row in zip(got, expected):
+                assert_same_logits(row, expected_row)
     # The rows asked for, in the order asked: each predicts the greedy token that followed it.
     first, picked = results["0"][0], results["0"][1]
     assert int(np.argmax(first[-1])) == tokens[-1]
@@ -490,18 +493,14 @@ def test_a_batch_decoded_in_pieces_equals_one_graph(tiny_gguf, jfk_mel, monkeypa
     assert whole.last_timings["n_graphs"] == 1 and pieces.last_timings["n_graphs"] == -(-len(tokens) // 7)
     assert pieces.stats["kv_used_tokens"] == whole.stats["kv_used_tokens"] == len(tokens)
 
-    def assert_same(row, expected):
-        assert np.argmax(row) == np.argmax(expected)
-        np.testing.assert_allclose(row, expected, rtol=0, atol=5e-3 * np.abs(expected).max())
-
     for got, expected in zip(rows[1], rows[0]):
-        assert_same(got, expected)
+        assert_same_logits(got, expected)
     # The next single-token step sees every piece's rows.
     step = [c.decode(np.array([EOT], dtype=np.int32), len(tokens))[0] for c in (whole, pieces)]
-    assert_same(step[1], step[0])
+    assert_same_logits(step[1], step[0])
 
     heads = [(1, 0), (3, 4)]
     (w_whole, l_whole), (w_pieces, l_pieces) = (c.align(batch, heads) for c in (whole, pieces))
     np.testing.assert_allclose(w_pieces, w_whole, rtol=0, atol=5e-3)  # softmax weights in [0, 1]
     for got, expected in zip(l_pieces, l_whole):
-        assert_same(got, expected)
+        assert_same_logits(got, expected)
