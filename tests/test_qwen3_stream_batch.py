@@ -9,7 +9,10 @@ all contexts' columns at once, and ggml's f32 kernels may then sum a dot product
 differ by at most 2 gamma_n (conftest.gamma_f32) of the sum of the terms' magnitudes, 1.9e-5 for the widest
 product here (160 terms), carried through 2 layers and their norms. TOLERANCE, relative to the largest logit,
 is 16 such bounds (observed: under 1e-6 of it); a K/V row in the wrong arena cell, a wrong position or mask
-moves logits by a large part of their range, as two different contexts' logits show below.
+moves logits by a large part of their range, as two different contexts' logits show below. The contexts keep
+their K/V in f32: in f16 a K/V value whose two f32 sums differ by one rounding may round to two neighbouring f16
+values, 2^-11 of it apart, which attention carries into the logits (5e-4 of the largest logit, seen on a Zen 4 at
+its native level, where the shared step's products sum in another order); in f32 only the order remains.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def prompts(model, data_dir):
 
 
 def _started(model, prompt):
-    ctx = model.new_context(n_ctx=N_CTX)
+    ctx = model.new_context(n_ctx=N_CTX, kv_type="f32")
     ids, audio = prompt
     return ctx, ctx.decode(ids, audio=audio)
 

