@@ -261,6 +261,19 @@ def test_a_cut_after_a_hypothesis_that_left_out_the_last_commits_keeps_them_in_t
     assert stream._segment_cut(whole, n_committed=8) == (3, round(9.2 * 16000))
 
 
+def test_committed_words_a_hypothesis_left_out_stay_in_the_window_whatever_their_estimated_times(model):
+    """The 5 minute series over a telephone line, 0.5 s steps: "within thy" was committed with times spread from
+    a hypothesis that closed its segment at 234.3 s; the next one ended at "spring," and closed at 235.06 s. Cut
+    there with the two words out of the window, the new window, which held their audio, wrote them again
+    ("within thy in thy own bud"). Whisper's segment ends move by tenths of a second from one hypothesis to the
+    next, so the words a hypothesis left out stay in the window whatever their times."""
+    stream = _Stream(model, StreamOptions(), "device")
+    stream._commit(ws("to the gaudy spring,"))
+    stream._commit([_Word("within", 234.71, 234.71), _Word("thy", 234.71, 234.71)])
+    stalled = _Hypothesis(ws("to the gaudy spring,"), cuts=[(4, 235.06)])
+    assert stream._segment_cut(stalled, n_committed=4) == (4, round(235.06 * 16000))
+
+
 def test_a_hypothesis_repeating_one_segment_three_times_is_rejected(model):
     tok = model.tokenizer
     ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731
