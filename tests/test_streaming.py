@@ -21,6 +21,7 @@ import soundfile as sf
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from conftest import DATA, english_dev_clips
+from music import PIECES
 from aural.engine.audio import load_audio
 from aural.engine.decoding import REPEATED_SEGMENTS, DecodingResult, compression_ratio, too_repetitive
 from aural.engine.features import N_FRAMES, N_SAMPLES, log_mel_spectrogram, window_mel
@@ -720,10 +721,11 @@ def test_a_long_input_is_trimmed_where_everything_before_is_committed(model, dat
     assert boundary_faults(texts, offline) == []
 
 
-@pytest.mark.parametrize("kind", ["silence", "noise"])
-def test_silence_and_noise_commit_nothing_and_cost_no_decoding(model, tmp_path, kind):
+@pytest.mark.parametrize("kind", ["silence", "noise", "band", "strings"])
+def test_silence_noise_and_music_commit_nothing_and_cost_no_decoding(model, tmp_path, kind):
     rng = np.random.default_rng(0)
-    audio = np.zeros(160000, np.float32) if kind == "silence" else rng.normal(0, 0.1, 160000).astype(np.float32)
+    audio = {"silence": lambda: np.zeros(160000, np.float32),
+             "noise": lambda: rng.normal(0, 0.1, 160000).astype(np.float32)}.get(kind, lambda: PIECES[kind](10.0))()
     path = tmp_path / f"{kind}.wav"
     sf.write(path, audio, 16000, subtype="FLOAT")
     events = run_stream(model, ReplaySource(path, speed=0))  # the default, short encoder context

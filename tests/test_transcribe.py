@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import soundfile
 from conftest import english_dev_clips
+from music import PIECES
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from aural.engine.audio import load_audio
@@ -560,6 +561,11 @@ def test_ten_seconds_of_noise_give_no_text(whisper_model, tmp_path, color):
     noise = _noise(color, 10, tmp_path)
     assert np.abs(noise).max() > 0.1
     assert list(transcribe(whisper_model, noise)) == []
+
+
+@pytest.mark.parametrize("piece", sorted(PIECES))
+def test_ten_seconds_of_instrumental_music_give_no_text(whisper_model, piece):
+    assert list(transcribe(whisper_model, PIECES[piece](10.0))) == []
 
 
 def test_ten_seconds_of_digital_silence_give_no_text_and_no_work(whisper_model):
