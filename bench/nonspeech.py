@@ -141,7 +141,8 @@ def markdown(report: dict) -> str:
     lines = [
         "# Words on audio with no speech: silence, noise, hum and music", "",
         f"Command: `{report['command']}` · {report['started']} · commit {report['commit']} · CPU: {m['cpu']} "
-        f"({m['cpus']} CPUs), {report['threads']} thread(s) · tiny.en", "",
+        f"({m['cpus']} CPUs), {report['threads']} thread(s) · tiny.en"
+        + "".join(f" · {k}={v}" for k, v in m.get("env", {}).items()), "",
         "Each signal lasts " f"{report['seconds']:g} s. Cells: words written (normalised, as WER counts them) and, "
         "in brackets, the decode steps (live: the steps the speech gate let through) or the windows decoded "
         "(files). Live: `live_events` at speed 0 with the default StreamOptions but the step; system audio: played "
