@@ -5,8 +5,7 @@ same notes and drum hits every run):
 - `band`: a I-V-vi-IV chord progression, a random melody in eighth notes, a bass line and a drum kit (kick,
   snare, hi-hat) at 100 beats a minute: rhythm and broadband transients, as in pop and dance music;
 - `strings`: a legato minor-scale melody on a bowed-string-like tone (sawtooth harmonics, 5.5 Hz vibrato),
-  notes of 0.4-1.2 s: sustained harmonic sound with a voice-like pitch wobble, the music a speech detector
-  most often takes for a voice.
+  notes of 0.4-1.2 s: sustained harmonic sound with a voice-like pitch wobble, nearer a voice than the band.
 Both are mono float32 at 16 kHz, peaking at 0.5 and 0.4 of full scale.
 """
 
