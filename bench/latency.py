@@ -643,16 +643,24 @@ def main(argv: list[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _streamer(source: str, speed: float, parser: argparse.ArgumentParser):
-    """The Replay, or a SystemAudio on a private PulseAudio daemon that lives as long as the context."""
+    """The Replay, or a SystemAudio (system_audio)."""
     if source == "replay":
         yield Replay(speed)
         return
+    with system_audio(parser, "--source system") as streamer:
+        yield streamer
+
+
+@contextlib.contextmanager
+def system_audio(parser: argparse.ArgumentParser, flag: str):
+    """A SystemAudio on a private PulseAudio daemon that lives as long as the context; `parser` reports the
+    daemon's missing tools as an error of the command line's `flag`."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from audio_harness import VirtualMic, default_input_mic
 
     missing = VirtualMic.missing_tools()
     if missing:
-        parser.error(f"--source system needs {', '.join(missing)} (apt-get install pulseaudio pulseaudio-utils)")
+        parser.error(f"{flag} needs {', '.join(missing)} (apt-get install pulseaudio pulseaudio-utils)")
     with default_input_mic() as mic:
         yield SystemAudio(mic)
 

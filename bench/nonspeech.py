@@ -185,22 +185,6 @@ def plot(report: dict, out: Path) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def _system_audio(wanted: bool, parser: argparse.ArgumentParser):
-    """latency.SystemAudio on a private PulseAudio daemon that lives as long as the context; None if not wanted."""
-    if not wanted:
-        yield None
-        return
-    from audio_harness import VirtualMic, default_input_mic
-    from latency import SystemAudio
-
-    missing = VirtualMic.missing_tools()
-    if missing:
-        parser.error(f"--system needs {', '.join(missing)} (apt-get install pulseaudio pulseaudio-utils)")
-    with default_input_mic() as mic:
-        yield SystemAudio(mic)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
@@ -225,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         report = {"command": " ".join(["bench/nonspeech.py", *(argv if argv is not None else sys.argv[1:])]),
                   "started": dt.datetime.now().isoformat(timespec="seconds"), "commit": commit,
                   "machine": machine_info(), "threads": args.threads, "seconds": args.seconds}
-        with _system_audio(args.system, parser) as system:
+        from latency import system_audio
+
+        with system_audio(parser, "--system") if args.system else contextlib.nullcontext() as system:
             report["signals"] = [measure(model, name, args.seconds, system) for name in (*SIGNALS, CONTROL)]
         out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(markdown(report))
