@@ -361,7 +361,6 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, *, time_offset: 
     can still place a timestamp past the end of the input.
     """
     is_ts = [t >= timestamp_begin for t in tokens]
-    single_timestamp_ending = _single_timestamp_ending(is_ts)
     consecutive = [i for i in range(1, len(tokens)) if is_ts[i] and is_ts[i - 1]]
     if not consecutive:
         stamps = [t for t in tokens if t >= timestamp_begin]
@@ -370,7 +369,9 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, *, time_offset: 
             duration = min((stamps[-1] - timestamp_begin) * TIME_PRECISION, segment_duration)
         return [(time_offset, time_offset + duration, list(tokens))], segment_size
 
-    slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
+    # With pairs present, consumed whole means a single timestamp ends the output: it closes a last segment.
+    whole = consumed_whole(tokens, timestamp_begin)
+    slices = consecutive + ([len(tokens)] if whole else [])
     segments = []
     last = 0
     for cut in slices:
@@ -379,7 +380,7 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, *, time_offset: 
         end = time_offset + min((piece[-1] - timestamp_begin) * TIME_PRECISION, segment_duration)
         segments.append((start, end, piece))
         last = cut
-    if single_timestamp_ending:
+    if whole:
         return segments, segment_size
     return segments, (tokens[last - 1] - timestamp_begin) * INPUT_STRIDE
 
@@ -710,7 +711,7 @@ class _Run:
         word's end rather than at its last timestamp (ref: openai-whisper transcribe.py, the
         `last_word_end` rule; faster-whisper generate_segments)."""
         ts_begin = self.tokenizer.timestamp_begin
-        lone_end = len(tokens) >= 2 and tokens[-1] >= ts_begin and tokens[-2] < ts_begin
+        lone_end = _single_timestamp_ending([t >= ts_begin for t in tokens])
         words = [w for s in segments for w in (s.words or [])]
         if not self.options.word_timestamps or lone_end or not words:
             return seek + advance
