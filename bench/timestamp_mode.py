@@ -120,7 +120,8 @@ def render(data: dict) -> str:
                      f"{in_mode} of {len(files)}", sum(c[0] for c in counts),
                      *(f"{w}/{t} ({n})" for n, w, t in counts)])
     meta = data["meta"]
-    return (f"# Whole-second timestamps\n\n{meta['date']} · {meta['cpu']} · {meta['cpus']} CPUs · {meta['model']} · 2 threads\n\n"
+    return (f"# Whole-second timestamps\n\n{meta['date']} · {meta['cpu']} · {meta['cpus']} CPUs · {meta['model']} · "
+            f"2 threads\n\n"
             f"Command: `.venv/bin/python bench/timestamp_mode.py{' ' + meta['args'] if meta['args'] else ''}`\n\n"
             f"Per file: whole-second timestamps / timestamps inside the windows (windows). In the mode: files "
             f"with at least {IN_MODE:.0%} of them whole seconds. faster-whisper int8 at the matching level "
