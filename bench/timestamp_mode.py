@@ -9,7 +9,7 @@ previous windows' timestamps (as openai-whisper's and faster-whisper's do), keep
 the next; a prompt without them makes tiny.en write almost no timestamps at all (README, live captions).
 
 Counted on the long files of bench/accuracy.py's widened sets (the sonnet and the 1 and 5 minute series,
-clean, telephone and noisy): per file, the windows decoded and how many of the timestamps inside the windows
+clean, telephone and noisy): per file, the windows that wrote text and how many of the timestamps inside the windows
 (from each window's start, <|0.00|> left out) are whole seconds. A file counts as in the mode when at least
 80 % of them are; by chance 1 in 50 is.
 
@@ -130,14 +130,15 @@ def render(data: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    common.ensure_bench_venv(Path(__file__), sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else argv
+    common.ensure_bench_venv(Path(__file__), given)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--levels", default="native,haswell")
     p.add_argument("--modes", default="1,5", help="beam sizes (1 = greedy)")
     p.add_argument("--engines", default="aural,faster-whisper")
     p.add_argument("--model", default="tiny.en", choices=("tiny.en", "base"))
     p.add_argument("--name", default="")
-    args = p.parse_args(argv)
+    args = p.parse_args(given)
     args.name = args.name or ("timestamp-mode" if args.model == "tiny.en" else f"timestamp-mode-{args.model}")
     files, prep = long_files(args.model)
     paths = [path for _, path in files]
@@ -148,7 +149,6 @@ def main(argv: list[str] | None = None) -> int:
                 counts = run(engine, level, beam, paths, prep)
                 runs.append({"engine": engine, "level": level, "beam": beam, "counts": counts})
                 print(engine, level, beam, counts, flush=True)
-    given = sys.argv[1:] if argv is None else argv
     data = {"meta": {**machine_info(), "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                      "args": " ".join(given), "model": args.model}, "files": files, "runs": runs}
     (RESULTS / f"{args.name}.json").write_text(json.dumps(data, indent=1))
