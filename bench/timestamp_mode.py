@@ -35,7 +35,8 @@ from common import RESULTS, aural_python, ct2_env, machine_info, md_table  # noq
 
 IN_MODE = 0.8  # share of whole-second timestamps from which a file counts as in the mode
 
-# Each worker prints {path: [windows, whole-second timestamps, timestamps]} for the paths in argv[3:].
+# Each worker prints {path: [windows, whole-second timestamps, timestamps]} for the paths in argv[4:]
+# (argv[1:4]: the model, the beam size, the bench folder, which holds worker.py's FW_DECODING).
 AURAL_WORKER = """
 import json, sys
 import numpy as np
@@ -52,7 +53,7 @@ def record(tokens, timestamp_begin, **kwargs):  # every window's tokens pass her
 
 T.split_segments = record
 out = {}
-for path in sys.argv[3:]:
+for path in sys.argv[4:]:
     windows.clear()
     list(T.transcribe(model, np.load(path), T.TranscribeOptions(beam_size=int(sys.argv[2]), language="en")))
     stamps = [s for w in windows for s in w]
@@ -65,13 +66,13 @@ import json, sys
 import numpy as np
 import faster_whisper
 
+sys.path.insert(0, sys.argv[3])
+from worker import FW_DECODING
+
 model = faster_whisper.WhisperModel(sys.argv[1], device="cpu", compute_type="int8", cpu_threads=2, num_workers=1)
 out = {}
-for path in sys.argv[3:]:
-    segments, _ = model.transcribe(
-        np.load(path), language="en", beam_size=int(sys.argv[2]), vad_filter=False, condition_on_previous_text=True,
-        temperature=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0], compression_ratio_threshold=2.4, log_prob_threshold=-1.0,
-        no_speech_threshold=0.6, suppress_tokens=[-1], without_timestamps=False)
+for path in sys.argv[4:]:
+    segments, _ = model.transcribe(np.load(path), beam_size=int(sys.argv[2]), **FW_DECODING)
     segments = list(segments)
     # A segment's seek is its window's start in 10 ms frames; its times are the window's plus that.
     stamps = [t - s.seek / 100 for s in segments for t in (s.start, s.end) if t - s.seek / 100 > 1e-3]
@@ -103,8 +104,8 @@ def run(engine: str, level: str, beam: int, paths: list[str], prep: dict[str, st
     else:
         python, worker, model = str(common.BENCH_PYTHON), FW_WORKER, prep["ct2_dir"]
         env.update(ct2_env(level))
-    out = subprocess.run([python, "-c", worker, model, str(beam), *paths], env={**os.environ, **env},
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run([python, "-c", worker, model, str(beam), str(common.BENCH), *paths],
+                         env={**os.environ, **env}, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{engine} at {level}: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -31,6 +31,12 @@ from typing import Any
 import numpy as np
 
 SAMPLE_RATE = 16000
+# faster-whisper's side of that set-up (bench/timestamp_mode.py decodes with it too).
+FW_DECODING: dict[str, Any] = {
+    "language": "en", "vad_filter": False, "condition_on_previous_text": True,
+    "temperature": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0], "compression_ratio_threshold": 2.4, "log_prob_threshold": -1.0,
+    "no_speech_threshold": 0.6, "suppress_tokens": [-1], "without_timestamps": False,
+}
 
 
 def _rss_mb() -> float:
@@ -145,11 +151,8 @@ class FasterWhisperEngine:
     def transcribe(self, samples: np.ndarray) -> dict[str, Any]:
         self._encoder_ms = []
         start = time.perf_counter()
-        segments, _ = self.model.transcribe(
-            samples, language="en", beam_size=self.beam, vad_filter=False, condition_on_previous_text=True,
-            temperature=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0], compression_ratio_threshold=2.4,
-            log_prob_threshold=-1.0, no_speech_threshold=0.6, suppress_tokens=[-1], without_timestamps=False,
-            word_timestamps=self.word_timestamps)
+        segments, _ = self.model.transcribe(samples, beam_size=self.beam, word_timestamps=self.word_timestamps,
+                                            **FW_DECODING)
         segments = list(segments)
         processing_s = time.perf_counter() - start
         out = {
