@@ -217,6 +217,7 @@ def check_model_reply(reply: dict, path: Path) -> None:
 @example(region="header", flips=[(0.0390625, 128)])  # invalid UTF-8 in the architecture: the native error did
 @example(region="header", flips=[(0.6598445085341791, 83)])  # 1.4e9 array items: gguf's reader looped for hours
 @example(region="header", flips=[(0.35908651103616407, 13)])  # 852k array items: gguf's reader took 44 s
+@example(region="tensor_info", flips=[(0.996032073910719, 0)])  # mel_filters [201, 0]: ggml's reader divided by 0
 def test_gguf_with_flipped_metadata_bytes_fails_cleanly(worker, gguf_copy, region, flips):
     path, regions = gguf_copy
     start, end = regions[region]

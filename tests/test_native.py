@@ -3,6 +3,9 @@ backend report, shorter audio contexts, and load errors that must name the file.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from conftest import argmax_tokens, gamma_f32
@@ -317,10 +320,12 @@ def test_q4_0_projections_are_repacked(jfk_wav, monkeypatch):
     assert jfk_wer(plain, jfk_wav) <= 2 / 22
 
 
-def _write_gguf(path, arch="whisper", tensors=None, keys=True):
+def _write_gguf(path, arch="whisper", tensors=None, keys=True, extra=None):
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in (extra or {}).items():
+        writer.add_string(key, value)
     if keys:
         for key, value in {"vocab_size": 51864, "audio.context_length": 1500, "audio.embedding_length": 384,
                            "audio.head_count": 6, "audio.block_count": 4, "text.context_length": 448,
@@ -363,6 +368,25 @@ def test_bad_model_files_name_the_file(tmp_path, tiny_gguf, case, message):
     with pytest.raises(RuntimeError, match=message) as err:
         _native.Model(str(path))
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("empty_tensor", "tensor 'enc.conv1.weight' has a dimension of 0"),
+    ("alignment_not_u32", "'general.alignment' is not a uint32"),
+])
+def test_files_the_gguf_reader_would_crash_on_raise(tmp_path, case, message):
+    """The pinned ggml's gguf reader ends the process on these: it divides by a tensor's dimensions 1-3
+    (SIGFPE) and asserts the alignment's type (native/gguf-file.cpp). Loaded in a child process, so that a
+    regression fails this test rather than the whole run."""
+    path = tmp_path / f"{case}.gguf"
+    if case == "empty_tensor":
+        _write_gguf(path, tensors={"enc.conv1.weight": np.zeros((0, 80, 3), np.float16)})  # ggml ne [3, 80, 0]
+    else:
+        _write_gguf(path, extra={"general.alignment": "32"})
+    child = subprocess.run([sys.executable, "-c", "import sys; from aural import _native; _native.Model(sys.argv[1])",
+                            str(path)], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 1, (child.returncode, child.stderr[-2000:])  # a Python exception, not a signal
+    assert "RuntimeError" in child.stderr and message in child.stderr and str(path) in child.stderr
 
 
 def test_sequences_share_the_prompt_and_reorder_moves_no_kv(tiny_gguf, jfk_mel, monkeypatch):
