@@ -34,7 +34,8 @@ struct file_closer {
 using file_ptr = std::unique_ptr<FILE, file_closer>;
 
 // The file's metadata, its tensors' descriptions (no data) in a new context at *tensors. Throws
-// std::runtime_error naming `path`: "model file not found", or not a readable GGUF.
+// std::runtime_error naming `path`: "model file not found", not a readable GGUF, or damage that the pinned
+// gguf reader would end the process on (a zero dimension, a wrong-typed alignment).
 gguf_ptr open_gguf(const std::string & path, ggml_context ** tensors);
 
 // A 32-bit integer key (u32, or i32 as written by some tools); `kind` names the model the file should hold.
