@@ -70,11 +70,9 @@ bool skip_values(header_walk & walk, uint32_t type, uint64_t n) {
 // - a "general.alignment" of another type than uint32, which it reads with gguf_get_val_u32, an assertion.
 // Upstream fixed both (llama.cpp PR #25596, July 2026); drop this when the pin moves past it. Walks the header as
 // gguf.cpp reads it (version 2 or 3): the key-value pairs, then each tensor's name, dimension count and dimensions.
-// Anything else wrong ends the walk quietly: gguf's own reader then reports it.
-void reject_what_gguf_cannot(const std::string & path, uint64_t size) {
-    file_ptr file(std::fopen(path.c_str(), "rb"));
-    if (!file) return;
-    header_walk walk(file.get(), size);
+// Anything else wrong ends the walk quietly: gguf's own reader then reports it. Reads `file` from its position.
+void reject_what_gguf_cannot(FILE * file, const std::string & path, uint64_t size) {
+    header_walk walk(file, size);
     uint32_t magic = 0, version = 0;
     int64_t n_tensors = 0, n_kv = 0;
     if (!walk.read(magic) || std::memcmp(&magic, GGUF_MAGIC, 4) != 0 || !walk.read(version) ||
@@ -117,9 +115,12 @@ gguf_ptr open_gguf(const std::string & path, ggml_context ** tensors) {
     if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
         throw std::runtime_error(path + ": model file not found");
     }
-    reject_what_gguf_cannot(path, static_cast<uint64_t>(st.st_size));
+    // One open for both readers: the walk, then gguf's from the start again.
+    file_ptr file(std::fopen(path.c_str(), "rb"));
+    if (file) reject_what_gguf_cannot(file.get(), path, static_cast<uint64_t>(st.st_size));
     gguf_init_params params = {/*.no_alloc =*/ true, /*.ctx =*/ tensors};
-    gguf_ptr meta(gguf_init_from_file(path.c_str(), params));
+    gguf_ptr meta(file && std::fseek(file.get(), 0, SEEK_SET) == 0 ? gguf_init_from_file_ptr(file.get(), params)
+                                                                    : nullptr);
     if (!meta) {
         throw std::runtime_error(path + ": not a readable GGUF file (corrupt or truncated header)");
     }
