@@ -8,6 +8,7 @@
 #include "activation.h"
 #include "attention.h"
 #include "int8-matmul.h"
+#include "transpose.h"
 #include "ggml-backend.h"
 
 namespace aural {
@@ -178,6 +179,21 @@ ggml_tensor * attention_kv(ggml_context * ctx, ggml_tensor * x, int n_head, bool
     return f16 ? ggml_cast(ctx, x, GGML_TYPE_F16) : x;
 }
 
+// x [a, b] f32 -> x^T [b, a] f32, contiguous: by Aural's op on the CPU (transpose.h: ggml-cpu copies a
+// transposed view one element at a time, by a libc call each), else by ggml's copy.
+ggml_tensor * transposed(ggml_context * ctx, const model & m, ggml_tensor * x) {
+    return m.simd_transpose ? transpose(ctx, x, GGML_TYPE_F32) : ggml_cont(ctx, ggml_transpose(ctx, x));
+}
+
+// A window's cross V [n_state, n_ctx] f32 into the arena, which holds V^T: transposed and rounded to the arena's
+// type by one op on the CPU, then copied as it is.
+ggml_tensor * cross_v_into(ggml_context * ctx, const model & m, const kv_cache & kv, ggml_tensor * v, int il) {
+    if (m.simd_transpose && (kv.type() == GGML_TYPE_F16 || kv.type() == GGML_TYPE_F32)) {
+        return kv.cpy_cross_v(ctx, transpose(ctx, v, kv.type()), il, true);
+    }
+    return kv.cpy_cross_v(ctx, v, il);
+}
+
 // Encoder self-attention of x [n_state, n] before the output projection, by flash attention (any backend).
 ggml_tensor * encoder_attention(ggml_context * ctx, const model & m, ggml_tensor * x, const attn_weights & w,
                                 int n_head, bool kv_f16) {
@@ -189,7 +205,7 @@ ggml_tensor * encoder_attention(ggml_context * ctx, const model & m, ggml_tensor
 // The same by Aural's CPU op (attention.h), which takes K transposed. With plain f32 weights (widened for
 // the CPU) swapping the projection's operands gives kt [n, n_state] = (w_k x)^T at no extra cost; ggml-cpu's
 // mul_mat takes its second operand only as f32, so other weights (int8 copies, q8_0, models too large to
-// widen) project K as usual and transpose it with a copy (n x n_state floats, ~0.3 ms at 1500 positions).
+// widen) project K as usual and transpose it with a copy (n x n_state floats; see transposed()).
 ggml_tensor * encoder_attention_cpu(ggml_context * ctx, const model & m, ggml_tensor * x, const attn_weights & w,
                                     int n_head) {
     if (w.k_w->type == GGML_TYPE_F32 && !m.int8_of(w.k_w)) {
@@ -197,7 +213,7 @@ ggml_tensor * encoder_attention_cpu(ggml_context * ctx, const model & m, ggml_te
                                       linear(ctx, m, x, w.v_w, w.v_b), n_head);
     }
     const std::vector<ggml_tensor *> p = qkv(ctx, m, x, w);
-    return encoder_self_attention(ctx, p[0], ggml_cont(ctx, ggml_transpose(ctx, p[1])), p[2], n_head);
+    return encoder_self_attention(ctx, p[0], transposed(ctx, m, p[1]), p[2], n_head);
 }
 
 // residual + mlp(x).
@@ -289,7 +305,7 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
                                m.simd_gelu);
     x = gelu_erf(ctx, conv_bias(ctx, ggml_conv_1d_ph(ctx, m.conv2_w, x, 2, 1), m.conv2_b), m.simd_gelu);
     ggml_tensor * pos = ggml_view_2d(ctx, m.enc_pos, m.enc_pos->ne[0], n_ctx, m.enc_pos->nb[1], 0);
-    x = ggml_add(ctx, ggml_cont(ctx, ggml_transpose(ctx, x)), pos);  // [n_state, n_ctx]
+    x = ggml_add(ctx, transposed(ctx, m, x), pos);  // [n_state, n_ctx]
 
     const int n_head = static_cast<int>(hp.n_audio_head);
     const bool kv_f16 = !m.on_cpu();
@@ -311,7 +327,7 @@ std::unique_ptr<graph_result> build_encoder(const model & m, const kv_cache & kv
     const std::vector<ggml_tensor *> cross = linears(ctx, m, x, ws, bs);
     for (size_t il = 0; il < m.dec.size(); ++il) {
         ggml_build_forward_expand(res->gf, kv.cpy_cross_k(ctx, cross[2 * il], il));
-        ggml_build_forward_expand(res->gf, kv.cpy_cross_v(ctx, cross[2 * il + 1], il));
+        ggml_build_forward_expand(res->gf, cross_v_into(ctx, m, kv, cross[2 * il + 1], il));
     }
     return res;
 }

@@ -323,9 +323,16 @@ struct ymm_common {
         float x_scale;
         std::memcpy(&x_scale, xs, sizeof x_scale);
         const __m256 s = _mm256_set1_ps(x_scale);
+        const __m256 y_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(_mm256_loadu_ps(w_scale), s));
+        const __m256 y_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(_mm256_loadu_ps(w_scale + 8), s));
+        if (live == int8_panel_rows) {  // every panel but a matrix's last: a memcpy of run-time length is a
+            _mm256_storeu_ps(out, y_lo);  // libc call per column (2.5 % of base's encoder, perf, Zen 3)
+            _mm256_storeu_ps(out + 8, y_hi);
+            return;
+        }
         alignas(32) float y[int8_panel_rows];
-        _mm256_store_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(_mm256_loadu_ps(w_scale), s)));
-        _mm256_store_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(_mm256_loadu_ps(w_scale + 8), s)));
+        _mm256_store_ps(y, y_lo);
+        _mm256_store_ps(y + 8, y_hi);
         std::memcpy(out, y, live * sizeof(float));
     }
 };

@@ -140,10 +140,10 @@ ggml_tensor * kv_cache::cpy_v(ggml_context * ctx, ggml_tensor * cur, ggml_tensor
 ggml_tensor * kv_cache::cpy_cross_k(ggml_context * ctx, ggml_tensor * cur, int il) const {
     return ggml_cpy(ctx, cur, ggml_view_2d(ctx, ck_[il], n_state_, cur->ne[1], ck_[il]->nb[1], 0));
 }
-ggml_tensor * kv_cache::cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int il) const {
-    const int64_t n_rows = cur->ne[1];
+ggml_tensor * kv_cache::cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int il, bool transposed) const {
+    const int64_t n_rows = transposed ? cur->ne[0] : cur->ne[1];
     ggml_tensor * dst = ggml_view_2d(ctx, cv_[il], n_rows, n_state_, n_rows * ggml_element_size(cv_[il]), 0);
-    return ggml_cpy(ctx, ggml_transpose(ctx, cur), dst);
+    return ggml_cpy(ctx, transposed ? cur : ggml_transpose(ctx, cur), dst);
 }
 
 std::vector<int64_t> kv_cache::apply(const kv_update & u) {

@@ -87,8 +87,11 @@ class kv_cache {
     ggml_tensor * cpy_k(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const;
     ggml_tensor * cpy_v(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * idxs, int il) const;
     // Graph ops writing a window's cross K/V: cur [n_state, n_rows] f32 -> rows [0, n_rows) (V transposed).
+    // With `transposed`, cur is V^T already, [n_rows, n_state] contiguous (on the CPU: transpose.h), and is copied.
     ggml_tensor * cpy_cross_k(ggml_context * ctx, ggml_tensor * cur, int il) const;
-    ggml_tensor * cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int il) const;
+    ggml_tensor * cpy_cross_v(ggml_context * ctx, ggml_tensor * cur, int il, bool transposed = false) const;
+    // The arena's element type (the constructor's `type`).
+    ggml_type type() const { return cv_.front()->type; }
 
     // The bookkeeping's only mutator (see kv_update). A decoder step returns the tensor row of each token:
     // its cell (free cells, lowest first), or where the pool holds that cell. Throws std::length_error

@@ -15,6 +15,7 @@
 #include "ggml-alloc.h"
 #include "gguf-file.h"
 #include "log.h"
+#include "transpose.h"
 
 namespace aural {
 
@@ -84,6 +85,8 @@ std::unique_ptr<model> model::load(const std::string & path, const std::string &
     m->simd_cross = m->on_cpu() && cross_attention_available() && !env_flag("AURAL_NO_SIMD_CROSS");
     // env: AURAL_NO_SIMD_SELF=1 keeps ggml's flash attention for the decoder's self-attention (debugging, A/B).
     m->simd_self = m->on_cpu() && cross_attention_available() && !env_flag("AURAL_NO_SIMD_SELF");
+    // env: AURAL_NO_SIMD_TRANSPOSE=1 keeps ggml's copies for the encoder's transposes (debugging, A/B).
+    m->simd_transpose = m->on_cpu() && transpose_available() && !env_flag("AURAL_NO_SIMD_TRANSPOSE");
     // env: AURAL_NO_OUTPUT_ROWS=1 runs the decoder's last layer on every row of a step (debugging, A/B).
     m->last_layer_outputs_only = !env_flag("AURAL_NO_OUTPUT_ROWS");
     m->make_cpu_copies();

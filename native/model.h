@@ -88,6 +88,7 @@ class model {
     bool simd_attention = false;  // CPU: encoder self-attention by Aural's op, not flash attention (attention.h)
     bool simd_cross = false;      // CPU: decoder cross-attention by Aural's op, not ggml's three (attention.h)
     bool simd_self = false;       // CPU: decoder self-attention by Aural's op, not flash attention (attention.h)
+    bool simd_transpose = false;  // CPU: the encoder's transposed copies by Aural's op, not ggml's (transpose.h)
     bool last_layer_outputs_only = true;  // decoder: the last layer past its K/V on the output rows alone (graph.cpp)
     // CPU with AVX2, f16/f32 weights: the layers' projections multiply as int8 (int8-matmul.h).
     bool int8 = false;

@@ -206,6 +206,26 @@ def test_encoder_attention_is_within_f32_rounding(level, n):
                                          n_head)
 
 
+@pytest.mark.parametrize("b, row_len, cols", [(1, 8, -1), (7, 12, -1), (1500, 384, -1), (1499, 1500, -1),
+                                              (367, 1536, 512), (1500, 20, 13)])
+def test_transposed_copies_are_the_values_and_their_f16_rounding(level, b, row_len, cols):
+    """The encoder's transposed copies move values: f32 out is x^T exactly, f16 out is numpy's
+    round-to-nearest-even of x^T, the rounding ggml's own copy gives. Shapes: single rows and positions, tiles
+    left over on both sides (7, 12; 1499 positions, 1500 columns), a shortened window's odd 367 positions, a
+    view of the first 512 of 1536 columns (a split projection's K), more columns than a tile by 5."""
+    if level.kernel_isa == "baseline":
+        pytest.skip("Aural's transpose needs AVX2")
+    rng = np.random.default_rng(b)
+    x = rng.normal(0, 1, (b, row_len)).astype(np.float32)
+    x.flat[:: 97] *= 7e4  # past f16's largest finite value (65504): inf, as ggml's conversion gives
+    x.flat[1:: 89] *= 1e-6  # f16 subnormals
+    expect = x[:, : row_len if cols < 0 else cols].T
+    assert np.array_equal(_native.kernel_transpose(x, cols=cols), expect)
+    with np.errstate(over="ignore"):
+        assert np.array_equal(_native.kernel_transpose(x, cols=cols, to_f16=True),
+                              expect.astype(np.float16).astype(np.float32))
+
+
 def f16(x: np.ndarray) -> np.ndarray:
     """x as the KV arena holds it (f16), widened to float64 for a reference."""
     return x.astype(np.float16).astype(np.float64)

@@ -179,7 +179,7 @@ def jfk_wer(model, jfk_wav) -> float:
 
 @pytest.mark.parametrize("switch, flag", [("AURAL_NO_SIMD_GELU", "simd_gelu"), ("AURAL_NO_SIMD_ATTENTION", "simd_attention"),
                                           ("AURAL_NO_SIMD_CROSS", "simd_cross"), ("AURAL_NO_SIMD_SELF", "simd_self"),
-                                          ("AURAL_NO_INT8", "int8"),
+                                          ("AURAL_NO_INT8", "int8"), ("AURAL_NO_SIMD_TRANSPOSE", "simd_transpose"),
                                           ("AURAL_NO_SCREEN", "screen_bytes")])
 def test_each_of_aurals_cpu_kernels_off_keeps_jfks_words(tiny_gguf, jfk_wav, monkeypatch, switch, flag):
     """Each of Aural's CPU kernels (held to float64 in test_cpu.py) switched off gives way to ggml's own op, and
@@ -189,6 +189,31 @@ def test_each_of_aurals_cpu_kernels_off_keeps_jfks_words(tiny_gguf, jfk_wav, mon
     monkeypatch.setenv(switch, "1")
     assert not getattr(_native.Model(str(tiny_gguf), device="cpu"), flag)
     assert jfk_wer(WhisperModel(tiny_gguf, device="cpu"), jfk_wav) <= 1 / 22
+
+
+def test_the_encoders_transposes_by_aurals_op_give_ggmls_bits(tiny_gguf, jfk_wav, monkeypatch):
+    """Aural's transposed copies (transpose.h) move the same values into the same places as ggml's, so the
+    logits after an encode are the same bits with the op off: a full window, and a shortened one of 367
+    positions (neither a multiple of the op's 8-row tiles)."""
+    from aural.engine.audio import load_audio
+    from aural.engine.features import pad_or_trim, window_mel
+    from aural.engine.runtime import WhisperModel
+
+    audio = load_audio(jfk_wav)
+
+    def logits(frames: int) -> np.ndarray:
+        model = WhisperModel(tiny_gguf, device="cpu")
+        ctx = model.new_session()
+        ctx.encode(window_mel(pad_or_trim(audio) if frames == 3000 else audio[: frames * 160], model.mel_filters,
+                              frames))
+        return ctx.decode(np.array(model.tokenizer.sot_sequence_including_notimestamps, dtype=np.int32), 0)
+
+    if not _native.Model(str(tiny_gguf), device="cpu").simd_transpose:
+        pytest.skip("this CPU level has no AVX2: ggml's copies run either way")
+    with_op = [logits(f) for f in (3000, 734)]
+    monkeypatch.setenv("AURAL_NO_SIMD_TRANSPOSE", "1")
+    assert not _native.Model(str(tiny_gguf), device="cpu").simd_transpose
+    assert all(np.array_equal(a, b) for a, b in zip(with_op, [logits(f) for f in (3000, 734)]))
 
 
 def output_bounds(tiny_gguf, plain_logits):

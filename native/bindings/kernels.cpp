@@ -18,6 +18,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "int8-matmul.h"
+#include "transpose.h"
 
 namespace py = pybind11;
 
@@ -176,6 +177,21 @@ farray int8_product(const farray & w, const farray & x, const std::optional<farr
     }, shape);
 }
 
+// x (b, row_len): its first `cols` values of each row (a view with x's row stride; -1: all), transposed to
+// (cols, b), rounded to f16 with to_f16 (and widened back exactly for the float32 result).
+farray transposed(const farray & x, int64_t cols, bool to_f16) {
+    if (x.ndim() != 2 || cols < -1 || cols > x.shape(1)) {
+        throw std::invalid_argument("transpose takes x (b, row_len) and cols <= row_len (-1: all)");
+    }
+    const int64_t b = x.shape(0), row_len = x.shape(1), a = cols < 0 ? row_len : cols;
+    return run_on_cpu([&](ggml_context * ctx) {
+        ggml_tensor * tx = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, row_len, b);
+        ggml_tensor * y = transpose(ctx, ggml_view_2d(ctx, tx, a, b, tx->nb[1], 0),
+                                    to_f16 ? GGML_TYPE_F16 : GGML_TYPE_F32);
+        return graph_run{{{tx, x.data()}}, to_f16 ? ggml_cast(ctx, y, GGML_TYPE_F32) : y};
+    }, {static_cast<py::ssize_t>(a), static_cast<py::ssize_t>(b)});
+}
+
 }  // namespace
 
 void register_kernels(py::module_ & m) {
@@ -189,6 +205,9 @@ void register_kernels(py::module_ & m) {
           py::arg("n_head"),
           "Aural's decoder self-attention: q (n_q, n_state), k and v (n_ctx, n_state) held as f16, visible "
           "(n_q, n_ctx) bool -> (n_q, n_state); a row that sees no cell gets zeros.");
+    m.def("kernel_transpose", &transposed, py::arg("x"), py::arg("cols") = -1, py::arg("to_f16") = false,
+          "Aural's transposed copy: x (b, row_len) -> its first cols columns (all: -1) as (cols, b), rounded to "
+          "f16 with to_f16.");
     m.def("kernel_int8_matmul", &int8_product, py::arg("w"), py::arg("x"), py::arg("bias") = py::none(),
           py::arg("residual") = py::none(), py::arg("n_split") = 1,
           "Aural's int8 product: w (rows, cols) quantised per row, x (m, cols) per column -> residual + (x w^T + "

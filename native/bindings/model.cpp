@@ -68,6 +68,9 @@ void register_model(py::module_ & m) {
         .def_property_readonly("simd_self", [](const model & self) { return self.simd_self; },
                                "Whether the decoder's self-attention runs as Aural's CPU op instead of ggml's "
                                "flash attention (x86-64 with AVX2 and F16C, or AVX-512; f16 KV arena).")
+        .def_property_readonly("simd_transpose", [](const model & self) { return self.simd_transpose; },
+                               "Whether the encoder's transposed copies (K for the attention op, the stem, cross "
+                               "V^T) run as Aural's CPU op instead of ggml's copies (x86-64 with AVX2 and F16C).")
         .def_property_readonly("int8", [](const model & self) { return self.int8; },
                                "Whether the layers' projections multiply as int8 with AVX2 or VNNI (and the "
                                "output screen is an int8 copy), as CTranslate2's int8 compute type.")
