@@ -785,12 +785,14 @@ def test_speech_into_the_microphone_is_captioned(model, virtual_mic, jfk_wav):
                       "ask what you can do for your country.")
     offline = words(offline_text(model, jfk_wav))
     stream_words = [w for c in commits(events) for w in words(c.text)]
-    # Two words of 22, not WER_MARGIN (less than a word here). At real-time pace the windows often end at
-    # 4 s and 5 s, where tiny.en hears "asked not" with any context shorter than 30 s (see the CLI test). And
-    # the 0.5 s pause commit may make the words before JFK's first pause final before the words after it
-    # are heard: tiny.en writes "And so am I fellow Americans" for every cut of the clip there (2.4-3.2 s,
-    # with any audio context), one substitution and one insertion (1 run in 9 here).
-    assert wer(reference, stream_words) <= wer(reference, offline) + 2 / len(reference), stream_words
+    # Three words of 22, not WER_MARGIN (less than a word here): the sum of two errors the timing of a
+    # real-time run decides, each independent of the other. At real-time pace the windows often end at 4 s and
+    # 5 s, where tiny.en hears "asked not" with any context shorter than 30 s (one substitution; see the CLI
+    # test). And the 0.5 s pause commit may make the words before JFK's first pause final before the words
+    # after it are heard: tiny.en writes "And so am I fellow Americans" for every cut of the clip there
+    # (2.4-3.2 s, with any audio context), one substitution and one insertion (1 run in 9 when first seen). A bound
+    # of two failed about 1 run in 4 on a Zen 4, where both came together.
+    assert wer(reference, stream_words) <= wer(reference, offline) + 3 / len(reference), stream_words
     assert not any(isinstance(e, Error) for e in events)
     assert events[-1].dropped_blocks == 0 and events[-1].audio_s >= 11.0
 
