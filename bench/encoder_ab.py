@@ -69,8 +69,8 @@ def write_results(name: str, meta: dict, variants: dict, title: str, method: str
     """bench/results/<name>.json (meta and per-variant figures) and <name>.md (title, note, method, table)."""
     (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "variants": variants}, indent=1))
     loads = meta["loadavg_per_round"]
-    text = (f"# {title}: {name}\n\n{meta['note']}\n\n{meta.get('cpu', 'CPU not recorded')} ({meta.get('cpus')} CPUs). "
-            f"{method}; 1-minute load average per round {min(loads):.1f}–{max(loads):.1f}.\n\n{table}\n")
+    text = (f"# {title}: {name}\n\n{meta['note']}\n\n{meta['cpu']} ({meta['cpus']} CPUs). {method}; "
+            f"1-minute load average per round {min(loads):.1f}–{max(loads):.1f}.\n\n{table}\n")
     (RESULTS / f"{name}.md").write_text(text)
     print(text)
 

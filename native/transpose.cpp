@@ -94,12 +94,14 @@ void transpose_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 
 }  // namespace
 
-bool transpose_available() { return kernel_isa() >= isa::avx2; }
+// F16C as well: the f16 stores use it (every AVX2 CPU so far has it; attention.cpp's cross op asks the same).
+bool transpose_available() { return kernel_isa() >= isa::avx2 && __builtin_cpu_supports("f16c"); }
 
 ggml_tensor * transpose(ggml_context * ctx, ggml_tensor * x, ggml_type type) {
-    if (!transpose_available() || x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float) || x->ne[2] != 1 || x->ne[3] != 1 || (type != GGML_TYPE_F32 && type != GGML_TYPE_F16)) {
-        throw std::invalid_argument("transpose: needs AVX2 and F16C, a 2-D f32 matrix with contiguous rows and an f32 or "
-                                    "f16 result");
+    if (!transpose_available() || x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float) || x->ne[2] != 1 ||
+        x->ne[3] != 1 || (type != GGML_TYPE_F32 && type != GGML_TYPE_F16)) {
+        throw std::invalid_argument("transpose: needs AVX2 and F16C, a 2-D f32 matrix with contiguous rows and an "
+                                    "f32 or f16 result");
     }
     ggml_tensor * args[] = {x};
     return ggml_custom_4d(ctx, type, x->ne[1], x->ne[0], 1, 1, args, 1, transpose_op, GGML_N_TASKS_MAX, nullptr);
